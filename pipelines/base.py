@@ -8,8 +8,10 @@ the trainer never see model units (timesteps) or latent packing.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -98,9 +100,24 @@ class FlowAdapter(ABC):
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         """Latents at sigma = 0 -> media tensor (image ``[B,3,H,W]`` in [0,1], ...)."""
 
-    @abstractmethod
-    def save_lora(self, directory: str, lora_state_dict: dict[str, torch.Tensor]) -> None:
-        """Write a LoRA so that this family's diffusers pipeline ``load_lora_weights`` reads it."""
+    def save_lora(
+        self,
+        directory: str,
+        lora_state_dict: dict[str, torch.Tensor],
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """Write a LoRA so that this family's diffusers pipeline ``load_lora_weights`` reads it.
+
+        Args:
+            directory: folder that receives ``pytorch_lora_weights.safetensors``.
+            lora_state_dict: the transformer's peft LoRA state dict (``get_peft_model_state_dict``).
+            metadata: the peft ``LoraConfig`` as a dict (rank, alpha, targets), stored alongside.
+        """
+        type(self.pipeline).save_lora_weights(
+            directory,
+            transformer_lora_layers=lora_state_dict,
+            transformer_lora_adapter_metadata=metadata,
+        )
 
     def position_weights(self, regions: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
         """Map region scores ``[B, h, w]`` on the image grid onto the latent grid.
@@ -120,6 +137,22 @@ class FlowAdapter(ABC):
     def to(self, device: torch.device | str) -> "FlowAdapter":
         self.pipeline.to(device)
         return self
+
+
+def absent_components(pipeline_cls: Any, path_or_id: str) -> dict[str, None]:
+    """``{name: None}`` for the components a local pipeline folder does not hold.
+
+    diffusers' ``from_pretrained`` refuses a folder whose ``model_index.json`` omits an optional
+    component (e.g. SD3 without its T5 encoder) unless it is passed as ``None``; a hub id is left
+    to diffusers.
+    """
+    index = Path(path_or_id) / "model_index.json"
+    if not index.is_file():
+        return {}
+    present = {k for k, v in json.loads(index.read_text()).items()
+               if isinstance(v, list) and v[0] is not None}
+    expected, optional = pipeline_cls._get_signature_keys(pipeline_cls)
+    return {name: None for name in [*expected, *optional] if name not in present}
 
 
 FAMILIES: Registry[Callable[..., FlowAdapter]] = Registry("pipeline family")

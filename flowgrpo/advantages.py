@@ -1,0 +1,260 @@
+"""Group-relative advantages: one registered estimator per normalization, one combiner.
+
+Every prompt is sampled ``group_size`` times; a sample's advantage is its reward relative to the
+other samples of its group (GRPO, Shao et al. 2024, "DeepSeekMath"):
+
+    A_i = (r_i - mean_{g(i)}) / (std + eps)
+
+The estimators differ only in the ``std`` they divide by:
+
+=============  =======================================  =========================================
+name           std                                      reference
+=============  =======================================  =========================================
+``group``      population std of the sample's group     GRPO / Flow-GRPO (Liu et al. 2025)
+``global_std`` population std of the whole batch        Flow-GRPO's ``global_std`` option
+``none``       no division (``A = r - mean_group``)     Dr.GRPO (Liu et al. 2025, "Understanding
+                                                        R1-Zero-like training")
+=============  =======================================  =========================================
+
+Standard deviations are population ones (``ddof = 0``, as ``np.std`` in the Flow-GRPO reference),
+so with ``group`` every group of non-constant rewards has zero mean and, up to ``eps``, unit
+standard deviation. A group whose rewards are all equal (including a group of one sample) carries
+no preference: its advantages are exactly zero, and :func:`compute_advantages` reports the fraction
+of such groups as ``rollout/zero_std_frac``. :func:`zero_std_groups` marks their samples so the
+trainer can skip them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from flowgrpo.registry import Registry
+
+Estimator = Callable[..., Tensor]
+Rewards = Tensor | Mapping[str, Tensor]
+
+ADVANTAGES: Registry[Estimator] = Registry("advantage estimator")
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+
+__all__ = [
+    "ADVANTAGES",
+    "AGGREGATIONS",
+    "compute_advantages",
+    "get",
+    "zero_std_groups",
+]
+
+
+def get(name: str) -> Estimator:
+    """Return the advantage estimator registered as ``name`` (``group``, ``global_std``, ``none``).
+
+    Raises:
+        UnknownNameError: naming the valid estimators.
+    """
+    return ADVANTAGES.get(name)
+
+
+def _check(rewards: Tensor, groups: Tensor) -> tuple[Tensor, Tensor]:
+    """Validate shapes and values; return ``(rewards float32 [B], groups long [B])``."""
+    if rewards.ndim != 1 or rewards.numel() == 0:
+        raise ValueError(f"rewards must be a non-empty 1-D tensor [B], got shape {rewards.shape}")
+    if groups.shape != rewards.shape:
+        raise ValueError(
+            f"groups must have the rewards' shape {tuple(rewards.shape)}, got {tuple(groups.shape)}"
+        )
+    if groups.is_floating_point() or groups.is_complex():
+        raise ValueError(f"groups must be an integer tensor of group ids, got {groups.dtype}")
+    rewards = rewards.detach().float()
+    bad = ~torch.isfinite(rewards)
+    if bad.any():
+        raise ValueError(f"{int(bad.sum())} of {rewards.numel()} rewards are NaN or infinite")
+    return rewards, groups.long().to(rewards.device)
+
+
+def _group_stats(rewards: Tensor, groups: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-sample group statistics.
+
+    Returns:
+        ``(mean [B], std [B], constant [B] bool)``: the mean and population std of each sample's
+        group, and whether that group's rewards are all equal (exactly: max == min, so a constant
+        group is detected even when rounding makes its computed std a tiny non-zero number).
+    """
+    ids, inverse = torch.unique(groups, return_inverse=True)
+    num = ids.numel()
+    count = torch.zeros(num, device=rewards.device).index_add_(0, inverse, torch.ones_like(rewards))
+    mean = torch.zeros(num, device=rewards.device).index_add_(0, inverse, rewards) / count
+    dev = rewards - mean[inverse]
+    var = torch.zeros(num, device=rewards.device).index_add_(0, inverse, dev * dev) / count
+    high = torch.full((num,), -torch.inf, device=rewards.device)
+    low = torch.full((num,), torch.inf, device=rewards.device)
+    high = high.scatter_reduce(0, inverse, rewards, reduce="amax")
+    low = low.scatter_reduce(0, inverse, rewards, reduce="amin")
+    constant = (high == low)[inverse]
+    return mean[inverse], var.sqrt()[inverse], constant
+
+
+def _centred(rewards: Tensor, groups: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(r - mean_group [B] with constant groups exactly 0, group std [B], rewards [B])``."""
+    rewards, groups = _check(rewards, groups)
+    mean, std, constant = _group_stats(rewards, groups)
+    centred = torch.where(constant, torch.zeros_like(rewards), rewards - mean)
+    return centred, std, rewards
+
+
+@ADVANTAGES.register("group")
+def group_advantages(rewards: Tensor, groups: Tensor, eps: float = 1e-4) -> Tensor:
+    """GRPO advantages ``A_i = (r_i - mean_g) / (std_g + eps)``, population std of the group.
+
+    Args:
+        rewards: ``[B]`` scalar rewards (any float dtype; computed in float32).
+        groups: ``[B]`` integer group ids (samples of one prompt share an id; ids need not be
+            contiguous or sorted).
+        eps: added to the std so nearly-constant groups do not explode.
+
+    Returns:
+        ``[B]`` float32 advantages; exactly 0 for samples of a constant-reward group.
+    """
+    centred, std, _ = _centred(rewards, groups)
+    return centred / (std + eps)
+
+
+@ADVANTAGES.register("global_std")
+def global_std_advantages(rewards: Tensor, groups: Tensor, eps: float = 1e-4) -> Tensor:
+    """``A_i = (r_i - mean_g) / (std_batch + eps)``: group mean, population std of all B rewards.
+
+    One scale for the whole batch keeps groups with a small spread from being inflated to the
+    same magnitude as groups with a large one. Shapes as :func:`group_advantages`.
+    """
+    centred, _, rewards = _centred(rewards, groups)
+    return centred / (rewards.std(correction=0) + eps)
+
+
+@ADVANTAGES.register("none")
+def mean_only_advantages(rewards: Tensor, groups: Tensor, eps: float = 1e-4) -> Tensor:
+    """Dr.GRPO advantages ``A_i = r_i - mean_g`` (no std division; ``eps`` is unused).
+
+    Dividing by the group std up-weights groups that are nearly solved or nearly failed; Dr.GRPO
+    drops the division to remove that difficulty bias. Shapes as :func:`group_advantages`.
+    """
+    centred, _, _ = _centred(rewards, groups)
+    return centred
+
+
+def _as_named(
+    rewards: Rewards, weights: Mapping[str, float] | None
+) -> dict[str, tuple[Tensor, float]]:
+    """Normalize ``rewards``/``weights`` into ``{name: (reward [B], weight)}``."""
+    if isinstance(rewards, Tensor):
+        # Already one (possibly pre-mixed) reward: the weights were applied by whoever mixed it.
+        return {"reward": (rewards, 1.0)}
+    if not rewards:
+        raise ValueError("rewards is an empty dict; give at least one named reward")
+    weights = dict(weights) if weights is not None else {name: 1.0 for name in rewards}
+    missing = sorted(set(rewards) - set(weights))
+    extra = sorted(set(weights) - set(rewards))
+    if missing or extra:
+        raise ValueError(
+            f"weights must name exactly the rewards {sorted(rewards)}; "
+            f"missing: {missing}, unknown: {extra}"
+        )
+    return {name: (value, float(weights[name])) for name, value in rewards.items()}
+
+
+def _constant_mask(values: list[Tensor], groups: Tensor) -> Tensor:
+    """``[B]`` bool: True where each of ``values`` is constant within the sample's group."""
+    mask = torch.ones(groups.shape, dtype=torch.bool, device=groups.device)
+    for value in values:
+        constant = _group_stats(*_check(value, groups))[2]
+        mask = mask.to(constant.device) & constant
+    return mask
+
+
+def zero_std_groups(rewards: Rewards, groups: Tensor) -> Tensor:
+    """Mark the samples whose group carries no preference.
+
+    Args:
+        rewards: ``[B]`` rewards, or a dict of named ``[B]`` rewards (then a group counts only
+            when every named reward is constant within it).
+        groups: ``[B]`` integer group ids.
+
+    Returns:
+        ``[B]`` bool, True where all rewards of the sample's group are equal: those samples get
+        zero advantage under every estimator, so the trainer may skip their training forwards.
+    """
+    values = [rewards] if isinstance(rewards, Tensor) else list(rewards.values())
+    if not values:
+        raise ValueError("rewards is an empty dict; give at least one named reward")
+    return _constant_mask(values, groups)
+
+
+def compute_advantages(
+    rewards: Rewards,
+    groups: Tensor,
+    estimator: str = "group",
+    adv_clip: float | None = 5.0,
+    weights: Mapping[str, float] | None = None,
+    aggregation: str = "sum_then_normalize",
+    eps: float = 1e-4,
+) -> tuple[Tensor, dict[str, float]]:
+    """Advantages of one (gathered) batch of rollouts, with their rollout metrics.
+
+    Args:
+        rewards: ``[B]`` rewards, or ``{name: [B]}`` named rewards combined with ``weights``.
+        groups: ``[B]`` integer group ids (one id per prompt).
+        estimator: registered estimator name (``group``, ``global_std``, ``none``).
+        adv_clip: advantages are clipped to ``[-adv_clip, adv_clip]``; ``None`` or 0 disables.
+        weights: ``{name: weight}`` for named rewards (default: 1.0 each); must name exactly the
+            rewards. Ignored when ``rewards`` is a single tensor (a reward already mixed).
+        aggregation: how named rewards combine (a single tensor is one reward of weight 1):
+
+            - ``sum_then_normalize``: ``A = est(sum_k w_k r_k)``; one normalization of the mix.
+            - ``normalize_then_sum`` (GDPO, Liu et al. 2026, arXiv:2601.05242; constrained GRPO):
+              ``S = sum_k w_k est(r_k)``, then ``A = S / (std_batch(S) + eps)`` (population std).
+              Normalizing each reward first keeps distinct reward combinations from collapsing to
+              the same advantage; the final batch normalization keeps the scale from growing with
+              the number of rewards. ``S`` already has zero mean in every group, hence over the
+              batch, so GDPO's batch-wise standardization reduces to this division.
+        eps: the estimators' (and the batch renormalization's) ``eps``.
+
+    Returns:
+        ``(advantages [B] float32, metrics)`` with float metrics ``rollout/zero_std_frac``
+        (fraction of groups whose advantages are all zero because their rewards are constant),
+        ``rollout/adv_abs_mean`` (mean ``|A|`` after clipping) and ``rollout/adv_clipped_frac``
+        (fraction of samples with ``|A| > adv_clip`` before clipping).
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(
+            f"unknown aggregation {aggregation!r}; valid names: {', '.join(AGGREGATIONS)}"
+        )
+    if adv_clip is not None and adv_clip < 0:
+        raise ValueError(f"adv_clip must be positive (or None/0 to disable), got {adv_clip}")
+    estimate = get(estimator)
+    named = _as_named(rewards, weights)
+
+    if aggregation == "sum_then_normalize":
+        mixed = sum(w * _check(r, groups)[0] for r, w in named.values())
+        adv = estimate(mixed, groups, eps=eps)
+        constant = _constant_mask([mixed], groups)
+    else:
+        summed = sum(w * estimate(r, groups, eps=eps) for r, w in named.values())
+        adv = summed / (summed.std(correction=0) + eps)
+        # A reward of weight 0 cannot make a group's advantages non-zero.
+        constant = _constant_mask([r for r, w in named.values() if w != 0], groups)
+
+    clipped_frac = 0.0
+    if adv_clip:
+        clipped_frac = (adv.abs() > adv_clip).float().mean().item()
+        adv = adv.clamp(-adv_clip, adv_clip)
+
+    group_ids = groups.long().to(constant.device)
+    num_groups = torch.unique(group_ids).numel()
+    num_constant = torch.unique(group_ids[constant]).numel()
+    metrics = {
+        "rollout/zero_std_frac": num_constant / num_groups,
+        "rollout/adv_abs_mean": adv.abs().mean().item(),
+        "rollout/adv_clipped_frac": clipped_frac,
+    }
+    return adv, metrics

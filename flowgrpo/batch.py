@@ -1,0 +1,77 @@
+"""A rollout batch: trajectories, prompts, group ids and rewards of one epoch on one process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pipelines import Cond
+from reward_models import RewardOutput
+
+from .rollout import Trajectory
+
+
+def chunks(n: int, size: int) -> list[slice]:
+    """``[0, n)`` cut into consecutive slices of at most ``size``."""
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def cat_trajectories(trajs: list[Trajectory]) -> Trajectory:
+    """Concatenate rollouts of the same schedule along the batch."""
+    first = trajs[0]
+    return Trajectory(
+        latents=torch.cat([t.latents for t in trajs]),
+        sigmas=first.sigmas,
+        trained=first.trained,
+        log_probs=torch.cat([t.log_probs for t in trajs]),
+        cond=Cond.cat([t.cond for t in trajs]),
+    )
+
+
+def cat_rewards(outputs: list[RewardOutput]) -> RewardOutput:
+    """Concatenate reward outputs of consecutive chunks (info values are averaged by size)."""
+    sizes = torch.tensor([len(o.scores) for o in outputs], dtype=torch.float32)
+    scores = torch.cat([o.scores.float().cpu() for o in outputs])
+    regions = None
+    if outputs[0].regions is not None:
+        regions = torch.cat([o.regions.float().cpu() for o in outputs])
+    components = None
+    if outputs[0].components:
+        components = {k: torch.cat([o.components[k].float().cpu() for o in outputs])
+                      for k in outputs[0].components}
+    info = {}
+    for key in outputs[0].info:
+        values = torch.tensor([float(o.info[key]) for o in outputs])
+        info[key] = float((values * sizes).sum() / sizes.sum())
+    return RewardOutput(scores, regions, components, info)
+
+
+@dataclass
+class RolloutBatch:
+    """Everything one process rolled out in an epoch.
+
+    Attributes:
+        traj: the concatenated trajectories ``[B, ...]``.
+        prompts, metadata: ``B`` prompts and their metadata (with ``"group"``).
+        groups: ``[B]`` global group ids.
+        reward: the reward output for the batch (scores ``[B]``).
+        position_adv: per-position advantages on the latent grid (region rewards), or None.
+    """
+
+    traj: Trajectory
+    prompts: list[str]
+    metadata: list[dict]
+    groups: torch.Tensor
+    reward: RewardOutput
+    position_adv: torch.Tensor | None = None
+
+    @staticmethod
+    def build(trajs, prompts, metadata, groups, reward) -> RolloutBatch:
+        return RolloutBatch(cat_trajectories(trajs), prompts, metadata, groups, reward)
+
+    def weights(self, idx: torch.Tensor, j: int) -> torch.Tensor | None:
+        """Per-position log-prob weights for samples ``idx`` at trained step ``j``."""
+        if self.position_adv is None:
+            return None
+        return self.position_adv[idx]

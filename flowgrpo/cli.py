@@ -1,0 +1,157 @@
+"""The ``flowgrpo`` command.
+
+    flowgrpo train [CONFIG] [--set key=value ...] [--resume auto|PATH]
+    flowgrpo config [CONFIG] [--set ...] [--help-fields]
+    flowgrpo sample [CONFIG] [--run RUN_DIR] [--prompt TEXT ...] [--sampler NAME] ...
+    flowgrpo eval [CONFIG] [--run RUN_DIR] [--set ...]
+    flowgrpo report RUN_DIR
+    flowgrpo serve-reward --reward NAME [--params JSON] [--host 127.0.0.1] [--port 8000]
+    flowgrpo list
+
+Without CONFIG, ``configs/digits.yaml`` (the CPU default) is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import ConfigError
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", default=None,
+                   help="YAML config (default: configs/digits.yaml, the CPU digits job)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set train.lr=1e-4 (repeatable)")
+
+
+def _load(args: argparse.Namespace):
+    from .config_io import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    config = _load(args)
+    from .trainer import Trainer
+
+    Trainer(config, resume=args.resume).train()
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from .config_io import describe_fields, to_yaml
+
+    if args.help_fields:
+        print(describe_fields())
+        return 0
+    print(to_yaml(_load(args)), end="")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import pipelines
+    import reward_models
+    import samplers
+
+    from . import advantages, losses
+
+    for title, names in (("pipelines", pipelines.names()), ("samplers", samplers.names()),
+                         ("losses", losses.LOSSES.names()),
+                         ("advantages", advantages.ADVANTAGES.names()),
+                         ("rewards", reward_models.names())):
+        print(f"{title}: {', '.join(names)}")
+    return 0
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from .tools import sample
+
+    config = _load(args) if args.config or args.overrides or not args.run else None
+    sample(config, run=args.run, prompts=args.prompt, sampler=args.sampler,
+           num_steps=args.num_steps, seed=args.seed, num=args.num, out=args.out)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .tools import evaluate
+
+    config = _load(args) if args.config or args.overrides or not args.run else None
+    metrics = evaluate(config, run=args.run)
+    for key, value in metrics.items():
+        print(f"{key}: {value:.4f}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import report
+
+    print(report(args.run_dir))
+    return 0
+
+
+def cmd_serve_reward(argv: list[str]) -> int:
+    from reward_models.server import main
+
+    return main(argv) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flowgrpo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="run GRPO training")
+    _config_args(p)
+    p.add_argument("--resume", default=None, metavar="auto|PATH",
+                   help="continue from the latest checkpoint (auto) or a run/checkpoint folder")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("config", help="print the resolved config")
+    _config_args(p)
+    p.add_argument("--help-fields", action="store_true", help="list every key with its help")
+    p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("sample", help="generate media from a base model or a trained run")
+    _config_args(p)
+    p.add_argument("--run", default=None, help="run or checkpoint folder (default: base model)")
+    p.add_argument("--prompt", action="append", default=None, help="prompt (repeatable; "
+                   "default: the config's eval prompts)")
+    p.add_argument("--sampler", default="ode", help="sampler name (default: ode)")
+    p.add_argument("--num-steps", type=int, default=None, help="denoising steps")
+    p.add_argument("--num", type=int, default=4, help="images per prompt")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="samples.png", help="output PNG grid (or folder for audio)")
+    p.set_defaults(func=cmd_sample)
+
+    p = sub.add_parser("eval", help="reward of a model on the eval prompts (fixed seeds)")
+    _config_args(p)
+    p.add_argument("--run", default=None, help="run or checkpoint folder (default: base model)")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("report", help="plot reward and KL of a run and summarize it")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_report)
+
+    sub.add_parser("serve-reward", help="serve a reward over HTTP (see serve-reward --help)",
+                   add_help=False)
+    p = sub.add_parser("list", help="registered pipelines, samplers, losses and rewards")
+    p.set_defaults(func=cmd_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "serve-reward":
+        return cmd_serve_reward(argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(f"flowgrpo: config error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

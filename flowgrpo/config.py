@@ -1,0 +1,262 @@
+"""The configuration tree: one dataclass per section, every field with help text and units.
+
+Sizes are per process and everything hardware-dependent is derived at run time. Values are
+checked here, at load time, before any model is loaded (see :mod:`flowgrpo.config_io` for YAML
+loading, ``--set`` overrides and the cross-section checks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the key, the value and what is allowed."""
+
+
+def _help(text: str, **kw: Any) -> Any:
+    """A dataclass field with help text (shown by ``flowgrpo config --help-fields``)."""
+    if "default_factory" in kw:
+        return field(default_factory=kw.pop("default_factory"), metadata={"help": text})
+    return field(default=kw.pop("default"), metadata={"help": text})
+
+
+def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: invalid value {value!r}; {allowed}")
+
+
+def _choice(key: str, value: str, choices: list[str] | tuple[str, ...]) -> None:
+    _check(value in choices, key, value, f"valid choices: {', '.join(choices)}")
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class ModelConfig:
+    family: str = _help("model family adapter (pipelines registry): sd3, flux, wan, ...",
+                        default="sd3")
+    path: str = _help("hub id or local diffusers folder; 'digits' is the shipped CPU toy",
+                      default="digits")
+    height: int = _help("image height in pixels (0: the model's native size)", default=0)
+    width: int = _help("image width in pixels (0: the model's native size)", default=0)
+    dtype: str = _help("dtype the weights are loaded in: float32, bfloat16 or float16",
+                       default="float32")
+    mixed_precision: str = _help("autocast for model calls: no, bf16 or fp16 (step math stays "
+                                 "fp32)", default="no")
+    guidance: float = _help("CFG scale (or guidance-embedding value) for rollout, training and "
+                            "eval; 1 disables CFG", default=1.0)
+    negative_prompt: str = _help("unconditional prompt for CFG", default="")
+    options: dict = _help("extra family options passed to pipelines.load (e.g. num_frames)",
+                          default_factory=dict)
+    lora: bool = _help("train a LoRA adapter (true) or fine-tune all transformer weights",
+                       default=True)
+    lora_rank: int = _help("LoRA rank r", default=8)
+    lora_alpha: float = _help("LoRA alpha (scale = alpha / r)", default=16.0)
+    lora_targets: list = _help("module names the LoRA wraps ([]: the family's default)",
+                               default_factory=list)
+    gradient_checkpointing: bool = _help("recompute transformer activations in backward "
+                                         "(less memory, ~30% more time)", default=False)
+    offload_encoders: bool = _help("move text encoders and VAE to CPU between uses",
+                                   default=False)
+    cache_prompt_embeds: bool = _help("keep prompt encodings across epochs (encode each prompt "
+                                      "once per run)", default=True)
+
+    def validate(self) -> None:
+        import pipelines
+
+        _choice("model.family", self.family, pipelines.names())
+        _choice("model.dtype", self.dtype, DTYPES)
+        _choice("model.mixed_precision", self.mixed_precision, ("no", "bf16", "fp16"))
+        _check(self.height >= 0 and self.width >= 0, "model.height/width", (self.height,
+               self.width), "must be >= 0 (0 = native)")
+        _check(self.guidance >= 0, "model.guidance", self.guidance, "must be >= 0")
+        _check(self.lora_rank >= 1, "model.lora_rank", self.lora_rank, "must be >= 1")
+        _check(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "must be > 0")
+
+
+@dataclass
+class SamplerConfig:
+    name: str = _help("stochastic sampler for rollouts (samplers registry)", default="sde")
+    params: dict = _help("sampler parameters, e.g. {noise_level: 0.7}", default_factory=dict)
+    num_steps: int = _help("denoising steps per rollout", default=10)
+    eval_num_steps: int = _help("Euler steps for eval images (0: num_steps)", default=0)
+    window_size: int = _help("stochastic, trained steps per rollout (0: all but the last)",
+                             default=0)
+    window_stride: int = _help("steps the window moves per shift (progressive)", default=1)
+    window_shift_every: int = _help("training epochs between window shifts", default=1)
+    window_strategy: str = _help("window placement: progressive, random or fixed",
+                                 default="progressive")
+    window_start: int = _help("first window step (fixed; start of progressive)", default=0)
+    after_window: str = _help("solver after the window: euler (same grid) or dpm2 "
+                              "(MixGRPO-Flash re-gridded DPM-Solver++(2M))", default="euler")
+    flash_ratio: float = _help("dpm2 only: fraction of the remaining steps kept", default=0.5)
+    storage_dtype: str = _help("dtype of stored trajectory latents", default="float32")
+
+    def validate(self) -> None:
+        import samplers
+
+        _choice("sampler.name", self.name, samplers.names())
+        try:
+            samplers.get(self.name, **self.params)
+        except TypeError as err:
+            raise ConfigError(f"sampler.params: {err}") from None
+        _check(self.num_steps >= 2, "sampler.num_steps", self.num_steps, "must be >= 2")
+        _check(self.eval_num_steps >= 0, "sampler.eval_num_steps", self.eval_num_steps,
+               "must be >= 0")
+        _check(0 <= self.window_size < self.num_steps, "sampler.window_size", self.window_size,
+               f"must be in [0, num_steps - 1] = [0, {self.num_steps - 1}]")
+        _check(self.window_stride >= 1, "sampler.window_stride", self.window_stride, "must be >= 1")
+        _check(self.window_shift_every >= 1, "sampler.window_shift_every",
+               self.window_shift_every, "must be >= 1")
+        _choice("sampler.window_strategy", self.window_strategy, ("progressive", "random", "fixed"))
+        _check(0 <= self.window_start < self.num_steps - 1, "sampler.window_start",
+               self.window_start, f"must be in [0, {self.num_steps - 2}]")
+        _choice("sampler.after_window", self.after_window, ("euler", "dpm2"))
+        _check(0 < self.flash_ratio <= 1, "sampler.flash_ratio", self.flash_ratio,
+               "must be in (0, 1]")
+        _choice("sampler.storage_dtype", self.storage_dtype, DTYPES)
+
+
+@dataclass
+class RewardConfig:
+    name: str = _help("reward (reward_models registry); ignored when components is set",
+                      default="digit")
+    params: dict = _help("reward parameters", default_factory=dict)
+    components: list = _help("weighted mix: a list of {name, weight, params}",
+                             default_factory=list)
+    aggregation: str = _help("how several rewards become one advantage: sum_then_normalize or "
+                             "normalize_then_sum (GDPO)", default="sum_then_normalize")
+    async_workers: int = _help("reward worker threads overlapping the next rollout (0: inline)",
+                               default=0)
+
+    def specs(self) -> list[dict]:
+        """The rewards as ``[{name, weight, params}]`` (one entry for a single reward)."""
+        if not self.components:
+            return [{"name": self.name, "weight": 1.0, "params": dict(self.params)}]
+        return [{"weight": 1.0, "params": {}, **c} for c in self.components]
+
+    def validate(self) -> None:
+        import reward_models
+
+        for i, spec in enumerate(self.components):
+            _check(isinstance(spec, dict) and "name" in spec, f"reward.components[{i}]", spec,
+                   "each component is a mapping with a 'name' (and optional weight, params)")
+            extra = set(spec) - {"name", "weight", "params"}
+            _check(not extra, f"reward.components[{i}]", sorted(extra),
+                   "allowed keys: name, weight, params")
+        for i, spec in enumerate(self.specs()):
+            key = f"reward.components[{i}].name" if self.components else "reward.name"
+            _choice(key, spec["name"], reward_models.names())
+            _check(isinstance(spec["weight"], (int, float)), key.replace("name", "weight"),
+                   spec["weight"], "must be a number")
+        _choice("reward.aggregation", self.aggregation,
+                ("sum_then_normalize", "normalize_then_sum"))
+        _check(self.async_workers >= 0, "reward.async_workers", self.async_workers, "must be >= 0")
+
+
+@dataclass
+class DataConfig:
+    prompts: str = _help("training prompts: a built-in set ('digits') or a .txt (one per line) "
+                         "/ .jsonl ({prompt, ...metadata}) file", default="digits")
+    eval_prompts: str = _help("eval prompts, same forms ('': the training prompts)", default="")
+    eval_images_per_prompt: int = _help("eval images per prompt, each with a fixed seed",
+                                        default=4)
+
+    def validate(self) -> None:
+        _check(self.eval_images_per_prompt >= 1, "data.eval_images_per_prompt",
+               self.eval_images_per_prompt, "must be >= 1")
+
+
+@dataclass
+class TrainConfig:
+    group_size: int = _help("samples per prompt (the GRPO group)", default=8)
+    batch_size: int = _help("samples rolled out per epoch, per process (a multiple of "
+                            "group_size)", default=32)
+    sample_batch_size: int = _help("samples per rollout forward, per process (0: batch_size)",
+                                   default=0)
+    train_batch_size: int = _help("samples per training forward, per process (0: batch_size)",
+                                  default=0)
+    gradient_accumulation: int = _help("training minibatches per optimizer step", default=1)
+    num_inner_epochs: int = _help("passes over each rollout batch", default=1)
+    lr: float = _help("AdamW learning rate", default=3e-4)
+    weight_decay: float = _help("AdamW weight decay", default=1e-4)
+    adam_beta1: float = _help("AdamW beta1", default=0.9)
+    adam_beta2: float = _help("AdamW beta2", default=0.999)
+    max_grad_norm: float = _help("gradient-norm clip (0: off)", default=1.0)
+    loss: str = _help("policy loss (losses registry): clip, sapo, stable, guard", default="clip")
+    loss_params: dict = _help("loss parameters, e.g. {clip_low: 1e-4, clip_high: 1e-4}",
+                              default_factory=dict)
+    beta: float = _help("KL weight against the reference model (0: no reference calls)",
+                        default=0.0)
+    advantage: str = _help("advantage estimator: group, global_std or none (Dr.GRPO)",
+                           default="group")
+    adv_clip: float = _help("advantages clipped to [-adv_clip, adv_clip] (0: off)", default=5.0)
+    skip_zero_advantage: bool = _help("skip training samples whose advantage is exactly 0",
+                                      default=True)
+    ema: bool = _help("keep an EMA of trainable weights, used for eval", default=False)
+    ema_decay: float = _help("EMA decay per optimizer step", default=0.95)
+
+    def validate(self) -> None:
+        from . import advantages, losses
+
+        _check(self.group_size >= 2, "train.group_size", self.group_size,
+               "must be >= 2 (advantages are relative within a group)")
+        _check(self.batch_size >= 1, "train.batch_size", self.batch_size, "must be >= 1")
+        _check(self.batch_size % self.group_size == 0, "train.batch_size", self.batch_size,
+               f"must be a multiple of train.group_size ({self.group_size})")
+        for key in ("sample_batch_size", "train_batch_size"):
+            value = getattr(self, key)
+            _check(0 <= value <= self.batch_size, f"train.{key}", value,
+                   f"must be in [0, batch_size = {self.batch_size}] (0: batch_size)")
+        _check(self.gradient_accumulation >= 1, "train.gradient_accumulation",
+               self.gradient_accumulation, "must be >= 1")
+        _check(self.num_inner_epochs >= 1, "train.num_inner_epochs", self.num_inner_epochs,
+               "must be >= 1")
+        _check(self.lr > 0, "train.lr", self.lr, "must be > 0")
+        _check(self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "must be >= 0")
+        _choice("train.loss", self.loss, losses.LOSSES.names())
+        _choice("train.advantage", self.advantage, advantages.ADVANTAGES.names())
+        _check(self.beta >= 0, "train.beta", self.beta, "must be >= 0")
+        _check(self.adv_clip >= 0, "train.adv_clip", self.adv_clip, "must be >= 0 (0: off)")
+        _check(0 <= self.ema_decay < 1, "train.ema_decay", self.ema_decay, "must be in [0, 1)")
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = _help("run directory ('': a fresh runs/<timestamp>)", default="")
+    seed: int = _help("base random seed (per process: seed + rank)", default=0)
+    epochs: int = _help("training epochs (one rollout batch + its updates each)", default=40)
+    eval_every: int = _help("epochs between evals (0: only at start and end)", default=5)
+    save_every: int = _help("epochs between checkpoints (0: only at the end)", default=10)
+    keep_checkpoints: int = _help("checkpoints kept on disk (oldest deleted)", default=2)
+    tensorboard: bool = _help("write TensorBoard logs", default=True)
+    wandb: bool = _help("log to Weights & Biases (needs `pip install wandb`)", default=False)
+    wandb_project: str = _help("W&B project name", default="flowgrpo")
+    cpu: bool = _help("run on CPU even if an accelerator is present", default=False)
+    progress: bool = _help("show a progress bar", default=True)
+
+    def validate(self) -> None:
+        _check(self.epochs >= 1, "run.epochs", self.epochs, "must be >= 1")
+        for key in ("eval_every", "save_every"):
+            _check(getattr(self, key) >= 0, f"run.{key}", getattr(self, key), "must be >= 0")
+        _check(self.keep_checkpoints >= 1, "run.keep_checkpoints", self.keep_checkpoints,
+               "must be >= 1")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def validate(self) -> Config:
+        """Check every section; raise :class:`ConfigError` on the first bad value."""
+        for f in fields(self):
+            getattr(self, f.name).validate()
+        return self

@@ -1,0 +1,368 @@
+"""One GRPO trainer for every pipeline family, sampler, loss and reward.
+
+Each epoch reads top to bottom: (1) draw prompt groups, (2) roll out with the configured sampler
+and window while rewards run (inline or in a worker pool), (3) gather rewards across processes and
+compute group-relative advantages, (4) replay the trained steps with gradients for
+``num_inner_epochs`` passes, (5) log, evaluate and checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+import samplers
+
+from . import advantages as adv_lib
+from . import checkpoint as ckpt
+from .batch import RolloutBatch, chunks
+from .config import Config
+from .config_io import to_dict, to_yaml
+from .data import load_prompts, sample_groups
+from .ema import EMA
+from .evaluate import Evaluator
+from .grpo import replay_step, step_loss
+from .model import load_adapter, lora_state_dict, make_trainable, unwrap
+from .rewards import RewardRunner
+from .rollout import rollout
+from .tracking import Tracker, new_run_dir
+
+
+class Trainer:
+    """Build everything a run needs from a validated :class:`Config`.
+
+    Args:
+        config: the resolved configuration.
+        resume: ``None`` (fresh run), ``"auto"`` (latest checkpoint of ``run.output_dir``, or of
+            the newest run under ``runs/``) or a checkpoint / run folder.
+    """
+
+    def __init__(self, config: Config, resume: str | None = None) -> None:
+        from accelerate import Accelerator
+        from accelerate.utils import broadcast_object_list, set_seed
+
+        self.cfg = cfg = config
+        self.acc = Accelerator(cpu=cfg.run.cpu or not torch.cuda.is_available())
+        checkpoint = find_checkpoint(resume, cfg.run.output_dir) if resume else None
+        if checkpoint is not None:
+            run_dir = checkpoint.parent.parent
+        else:
+            run_dir = Path(cfg.run.output_dir) if cfg.run.output_dir else new_run_dir()
+        self.run_dir = Path(broadcast_object_list([str(run_dir)])[0])
+        self.rank, self.world = self.acc.process_index, self.acc.num_processes
+        set_seed(cfg.run.seed + self.rank)
+
+        self.adapter = load_adapter(cfg.model, self.acc.device)
+        self.params = make_trainable(cfg.model, self.adapter)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=cfg.train.lr, betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
+            weight_decay=cfg.train.weight_decay,
+        )
+        self.adapter.transformer, self.optimizer = self.acc.prepare(
+            self.adapter.transformer, self.optimizer
+        )
+        self.ema = EMA(self.params, cfg.train.ema_decay) if cfg.train.ema else None
+        self.sampler = samplers.get(cfg.sampler.name, **cfg.sampler.params)
+        self.window = None
+        if cfg.sampler.window_size:
+            self.window = samplers.Window(
+                cfg.sampler.window_size, stride=cfg.sampler.window_stride,
+                shift_every=cfg.sampler.window_shift_every,
+                strategy=cfg.sampler.window_strategy, start=cfg.sampler.window_start,
+                seed=cfg.run.seed,
+            )
+        self.rewards = RewardRunner(cfg.reward, self.adapter)
+        self.prompts = load_prompts(cfg.data.prompts)
+        self.autocast = autocast_factory(cfg.model.mixed_precision, self.acc.device)
+        self._cond_cache: dict[str, object] = {}
+        self.start_epoch = 0
+        if self.acc.is_main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        self.acc.wait_for_everyone()
+        self.tracker = Tracker(
+            self.run_dir, self.acc.is_main_process, cfg.run.tensorboard,
+            cfg.run.wandb_project if cfg.run.wandb else None, to_dict(cfg),
+        )
+        self.evaluator = Evaluator(
+            cfg, self.adapter, self.rewards,
+            load_prompts(cfg.data.eval_prompts or cfg.data.prompts), self.encode, self.acc,
+            self.autocast, self.tracker, self.ema,
+        )
+        if checkpoint is not None:
+            self.load(checkpoint)
+
+    # ----------------------------------------------------------------- phases of an epoch
+    def trained_steps(self, epoch: int) -> list[int]:
+        """Stochastic, trained step indices at this epoch (all but the last without a window)."""
+        n = self.cfg.sampler.num_steps
+        return self.window.steps(n, epoch) if self.window else list(range(n - 1))
+
+    def encode(self, prompts: list[str]):
+        """Encode each distinct prompt once (cached across epochs) and expand to the batch."""
+        from pipelines import Cond
+
+        todo = sorted({p for p in prompts if p not in self._cond_cache})
+        if todo:
+            enc = self.adapter.encode(todo)
+            for i, p in enumerate(todo):
+                self._cond_cache[p] = enc.index(slice(i, i + 1))
+        cond = Cond.cat([self._cond_cache[p] for p in prompts])
+        if not self.cfg.model.cache_prompt_embeds:
+            self._cond_cache.clear()
+        if self.cfg.model.offload_encoders:
+            self.adapter.offload_encoders("cpu")
+        return cond
+
+    def sample(self, epoch: int) -> RolloutBatch:
+        """Roll out one batch of prompt groups; rewards overlap the following chunks."""
+        cfg = self.cfg
+        gen = torch.Generator().manual_seed(hash_seed(cfg.run.seed, epoch, self.rank))
+        k = cfg.train.group_size
+        local_groups = cfg.train.batch_size // k
+        texts, metas, groups = sample_groups(self.prompts, local_groups, k, gen)
+        groups = groups + self.rank * local_groups
+        for m, g in zip(metas, groups.tolist()):
+            m["group"] = g
+        noise_gen = torch.Generator(self.acc.device).manual_seed(
+            hash_seed(cfg.run.seed, epoch, self.rank, 1)
+        )
+        sigmas = self.adapter.schedule(cfg.sampler.num_steps)
+        trained = self.trained_steps(epoch)
+        trajs, pending = [], []
+        size = cfg.train.sample_batch_size or cfg.train.batch_size
+        for sl in chunks(len(texts), size):
+            cond = self.encode(texts[sl])
+            noise = self.adapter.noise(len(cond), noise_gen)
+            traj = rollout(
+                self.adapter, self.sampler, cond, noise, sigmas, trained, cfg.model.guidance,
+                generator=noise_gen, after_window=cfg.sampler.after_window,
+                flash_ratio=cfg.sampler.flash_ratio,
+                storage_dtype=getattr(torch, cfg.sampler.storage_dtype), autocast=self.autocast,
+            )
+            media = self.adapter.decode(traj.final)
+            pending.append(self.rewards.submit(media, texts[sl], metas[sl]))
+            trajs.append(traj)
+        return RolloutBatch.build(trajs, texts, metas, groups, self.rewards.collect(pending))
+
+    def advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict]:
+        """Gather rewards from every process, normalize per group, keep this process's part."""
+        cfg = self.cfg
+        gather = self.acc.gather
+        groups = gather(batch.groups.to(self.acc.device))
+        rewards = self.rewards.for_advantages(batch.reward, gather)
+        adv, metrics = adv_lib.compute_advantages(
+            rewards, groups, estimator=cfg.train.advantage, adv_clip=cfg.train.adv_clip or None,
+            weights=self.rewards.weights, aggregation=cfg.reward.aggregation,
+        )
+        n = len(batch.groups)
+        metrics.update(self.rewards.metrics(batch.reward, gather))
+        return adv[self.rank * n:(self.rank + 1) * n].to(self.acc.device), metrics
+
+    def update(self, batch: RolloutBatch, adv: torch.Tensor, epoch: int) -> dict:
+        """``num_inner_epochs`` passes of minibatch GRPO updates over the trained steps."""
+        cfg = self.cfg.train
+        traj = batch.traj
+        keep = torch.arange(len(adv), device=adv.device)
+        if cfg.skip_zero_advantage:
+            keep = keep[adv != 0]
+        size = cfg.train_batch_size or cfg.batch_size
+        # every process runs the same number of minibatches so DDP collectives stay in step
+        n_mb = int(self.acc.gather(torch.tensor([math.ceil(len(keep) / size)],
+                                                device=self.acc.device)).max())
+        steps = len(traj.trained)
+        sums: dict[str, float] = {}
+        count = 0
+        gen = torch.Generator().manual_seed(hash_seed(self.cfg.run.seed, epoch, self.rank, 2))
+        for _ in range(cfg.num_inner_epochs):
+            order = keep[torch.randperm(len(keep), generator=gen).to(keep.device)]
+            for m in range(n_mb):
+                idx, scale = order[m * size:(m + 1) * size], 1.0
+                if len(idx) == 0:  # nothing left here: a zero-weight pass keeps DDP in step
+                    idx, scale = torch.zeros(1, dtype=torch.long, device=adv.device), 0.0
+                boundary = (m + 1) % cfg.gradient_accumulation == 0 or m == n_mb - 1
+                for j in range(steps):
+                    sync = boundary and j == steps - 1
+                    with nullcontext() if sync else self.acc.no_sync(self.adapter.transformer):
+                        result = replay_step(
+                            self.adapter, self.sampler, traj, idx, j, self.cfg.model.guidance,
+                            with_kl=cfg.beta > 0, weight=batch.weights(idx, j),
+                            autocast=self.autocast,
+                        )
+                        loss, metrics = step_loss(result, traj.log_probs[idx, j], adv[idx],
+                                                  cfg.loss, cfg.loss_params, cfg.beta)
+                        self.acc.backward(loss * scale / (steps * cfg.gradient_accumulation))
+                    if scale:
+                        for key, value in metrics.items():
+                            sums[key] = sums.get(key, 0.0) + float(value)
+                        count += 1
+                if boundary:
+                    if cfg.max_grad_norm:
+                        norm = self.acc.clip_grad_norm_(self.params, cfg.max_grad_norm)
+                        sums["train/grad_norm"] = sums.get("train/grad_norm", 0.0) + float(norm)
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+                    if self.ema is not None:
+                        self.ema.update()
+        out = {k: v / max(count, 1) for k, v in sums.items() if k != "train/grad_norm"}
+        updates = cfg.num_inner_epochs * math.ceil(n_mb / cfg.gradient_accumulation)
+        if "train/grad_norm" in sums:
+            out["train/grad_norm"] = sums["train/grad_norm"] / max(updates, 1)
+        out["train/samples"] = float(len(keep))
+        return self.reduce(out)
+
+    def reduce(self, metrics: dict) -> dict:
+        """Mean of each metric over processes."""
+        if self.world == 1 or not metrics:
+            return metrics
+        keys = sorted(metrics)
+        values = torch.tensor([metrics[k] for k in keys], device=self.acc.device)
+        values = self.acc.reduce(values, reduction="mean")
+        return dict(zip(keys, values.tolist()))
+
+    # ----------------------------------------------------------------- the loop
+    def train(self) -> dict:
+        """Run from ``start_epoch`` to ``run.epochs``; returns the last metrics row."""
+        cfg = self.cfg.run
+        started = time.time()
+        base_eval = None
+        if self.start_epoch == 0:
+            base_eval = self.evaluator.run(0)
+            self.tracker.log(0, base_eval)  # the base model's eval row (no rollout yet)
+        bar = tqdm(range(self.start_epoch, cfg.epochs), disable=not (
+            cfg.progress and self.acc.is_main_process), desc="flowgrpo", unit="epoch")
+        row: dict = {}
+        for epoch in bar:
+            t0 = time.time()
+            batch = self.sample(epoch)
+            t1 = time.time()
+            adv, metrics = self.advantages(batch)
+            metrics.update(self.update(batch, adv, epoch))
+            t2 = time.time()
+            step = epoch + 1
+            metrics.update({"time/rollout": t1 - t0, "time/train": t2 - t1, "time/step": t2 - t0,
+                            "epoch": float(epoch)})
+            if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.epochs:
+                metrics.update(self.evaluator.run(step))
+            self.tracker.log(step, metrics)
+            row = metrics
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}",
+                            kl=f"{metrics.get('train/kl', metrics['train/approx_kl']):.2e}",
+                            step_s=f"{t2 - t0:.1f}")
+            if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.epochs:
+                self.save(step)
+        self.tracker.close()
+        if self.acc.is_main_process:
+            self.print_summary(base_eval, row, time.time() - started)
+        return row
+
+    def print_summary(self, base: dict | None, last: dict, seconds: float) -> None:
+        lines = [f"run directory: {self.run_dir}", f"time: {seconds / 60:.1f} min"]
+        if base and "eval/reward" in last:
+            lines.append(f"eval reward: {base['eval/reward']:.3f} (base) -> "
+                         f"{last['eval/reward']:.3f} (step {self.cfg.run.epochs})")
+        if last:
+            lines.append(f"last rollout reward/mean: {last['reward/mean']:.3f}")
+        lines.append(f"plot: flowgrpo report {self.run_dir}")
+        print("\n".join(lines))
+
+    # ----------------------------------------------------------------- checkpoints
+    def save(self, step: int) -> Path | None:
+        """Write checkpoint ``step`` atomically (see :mod:`flowgrpo.checkpoint`)."""
+        self.acc.wait_for_everyone()
+        tmp = self.run_dir / "checkpoints" / f".tmp_step_{step}"
+        if self.acc.is_main_process:
+            ckpt.begin(self.run_dir, step)
+        self.acc.wait_for_everyone()
+        ckpt.save_rng(tmp, self.rank)
+        self.acc.wait_for_everyone()
+        final = None
+        if self.acc.is_main_process:
+            model = unwrap(self.adapter.transformer)
+            if self.cfg.model.lora:
+                meta = model.peft_config["default"].to_dict()
+                meta["target_modules"] = sorted(meta["target_modules"])
+                self.adapter.save_lora(str(tmp / "lora"), lora_state_dict(self.adapter), meta)
+            else:
+                model.save_pretrained(str(tmp / "transformer"))
+            names = [n for n, p in model.named_parameters() if p.requires_grad]
+            ckpt.save_tensors(tmp / "trainable.safetensors",
+                              dict(zip(names, self.params)))
+            if self.ema is not None:
+                ckpt.save_tensors(tmp / "ema.safetensors", self.ema.state_dict())
+            tensors, meta_opt = ckpt.optimizer_to_flat(self.optimizer.state_dict())
+            ckpt.save_tensors(tmp / "optimizer.safetensors", tensors)
+            ckpt.write_json(tmp / "optimizer.json", meta_opt)
+            ckpt.write_json(tmp / "state.json", {"step": step, "epoch": step,
+                                                 "world_size": self.world,
+                                                 "config": to_dict(self.cfg)})
+            final = ckpt.commit(tmp, self.cfg.run.keep_checkpoints)
+        self.acc.wait_for_everyone()
+        return final
+
+    def load(self, folder: Path) -> None:
+        """Continue from checkpoint ``folder``: weights, optimizer, EMA, RNG, epoch."""
+        from safetensors.torch import load_file
+
+        state = ckpt.read_json(folder / "state.json")
+        weights = load_file(str(folder / "trainable.safetensors"))
+        model = unwrap(self.adapter.transformer)
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        missing = [n for n in names if n not in weights]
+        if missing:
+            raise ValueError(f"checkpoint {folder} does not match this model; "
+                             f"missing {missing[:3]}")
+        with torch.no_grad():
+            for name, p in zip(names, self.params):
+                p.copy_(weights[name])
+        self.optimizer.load_state_dict(ckpt.optimizer_from_flat(
+            load_file(str(folder / "optimizer.safetensors")),
+            ckpt.read_json(folder / "optimizer.json")))
+        if self.ema is not None and (folder / "ema.safetensors").is_file():
+            self.ema.load_state_dict(load_file(str(folder / "ema.safetensors")))
+        ckpt.load_rng(folder, self.rank)
+        self.start_epoch = int(state["epoch"])
+        if self.acc.is_main_process:
+            print(f"resuming from {folder} at step {self.start_epoch}")
+
+
+def find_checkpoint(resume: str, output_dir: str) -> Path | None:
+    """Resolve ``--resume`` (``auto``, a run folder or a checkpoint folder) to a checkpoint."""
+    if resume != "auto":
+        path = Path(resume)
+        if (path / "state.json").is_file():
+            return path
+        found = ckpt.latest_checkpoint(path)
+        if found is None:
+            raise FileNotFoundError(f"--resume {resume}: no checkpoint found there")
+        return found
+    if output_dir:
+        return ckpt.latest_checkpoint(output_dir)
+    runs = sorted(Path("runs").glob("*"), key=lambda p: p.stat().st_mtime) if Path(
+        "runs").is_dir() else []
+    for run in reversed(runs):
+        found = ckpt.latest_checkpoint(run)
+        if found is not None:
+            return found
+    return None
+
+
+def hash_seed(*parts: int) -> int:
+    """A stable 63-bit seed from integers (seed, epoch, rank, stream)."""
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (p + 0x9E3779B9)) * 1099511628211) % (1 << 63)
+    return h
+
+
+def autocast_factory(mixed_precision: str, device: torch.device):
+    """A zero-argument context factory: autocast in bf16/fp16, or nothing."""
+    if mixed_precision == "no":
+        return nullcontext
+    dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
+    return lambda: torch.autocast(device.type, dtype=dtype)
