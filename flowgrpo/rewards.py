@@ -43,7 +43,9 @@ class RewardRunner:
         self.modality = adapter.modality
         self.sample_rate = adapter.sample_rate
         self.groupwise = bool(getattr(self.reward, "groupwise", False))
-        self.weights: dict[str, float] | None = getattr(self.reward, "weights", None)
+        # a mix exposes its top-level component keys and weights (nested parts are only logged)
+        keys, weights = getattr(self.reward, "keys", None), getattr(self.reward, "weights", None)
+        self.weights = dict(zip(keys, weights)) if keys and weights else None
         self.pool = None
         if cfg.async_workers:
             from reward_models.async_pool import AsyncReward
@@ -71,9 +73,9 @@ class RewardRunner:
     def for_advantages(self, out: RewardOutput, gather: Callable) -> torch.Tensor | dict:
         """What the advantage estimator gets: gathered scores, or gathered components when each
         reward is normalized on its own (``normalize_then_sum``)."""
-        if self.cfg.aggregation == "normalize_then_sum" and out.components:
-            return {k: gather(v.to(self._device(gather))).float().cpu()
-                    for k, v in out.components.items()}
+        if self.cfg.aggregation == "normalize_then_sum" and self.weights:
+            return {k: gather(out.components[k].to(self._device(gather))).float().cpu()
+                    for k in self.weights}
         return gather(out.scores.to(self._device(gather))).float().cpu()
 
     def metrics(self, out: RewardOutput, gather: Callable, prefix: str = "reward") -> dict:
