@@ -1,0 +1,45 @@
+"""Samplers: from a velocity to the Gaussian of the next latent (DESIGN.md, "Samplers").
+
+``get(name, **params)`` builds a registered sampler (``names()`` lists them); its
+``transition(v, x, s, s')`` returns a :class:`Transition` ``(mean, std)``. Drawing ``x'``, the
+log-density of a stored ``x'`` and the KL between two transitions are shared functions of the
+Gaussian (:func:`sample_next`, :func:`gaussian_log_prob`, :func:`gaussian_kl`). :class:`Window`
+picks the trained steps (MixGRPO); :func:`dpm_solver_2m` and :func:`flash_sigmas` solve the
+part after the window (MixGRPO-Flash). Importing this package needs only torch.
+"""
+
+from . import cps, langevin, ode, sde  # noqa: F401  (importing registers the samplers)
+from .base import (
+    SAMPLERS,
+    Sampler,
+    Sigma,
+    Transition,
+    VelocityFn,
+    broadcast_sigma,
+    gaussian_kl,
+    gaussian_log_prob,
+    get,
+    names,
+    sample_next,
+    step_inputs,
+)
+from .dpm import dpm_solver_2m, flash_sigmas
+from .window import Window
+
+__all__ = [
+    "SAMPLERS",
+    "Sampler",
+    "Sigma",
+    "Transition",
+    "VelocityFn",
+    "Window",
+    "broadcast_sigma",
+    "dpm_solver_2m",
+    "flash_sigmas",
+    "gaussian_kl",
+    "gaussian_log_prob",
+    "get",
+    "names",
+    "sample_next",
+    "step_inputs",
+]
