@@ -100,9 +100,12 @@ class SamplerConfig:
 
         _choice("sampler.name", self.name, samplers.names())
         try:
-            samplers.get(self.name, **self.params)
-        except TypeError as err:
+            sampler = samplers.get(self.name, **self.params)
+        except (TypeError, ValueError) as err:
             raise ConfigError(f"sampler.params: {err}") from None
+        _check(sampler.is_stochastic, "sampler", f"{self.name} {self.params}",
+               "a deterministic sampler (std 0) cannot be trained by a per-step ratio; "
+               "use a noise level > 0")
         _check(self.num_steps >= 2, "sampler.num_steps", self.num_steps, "must be >= 2")
         _check(self.eval_num_steps >= 0, "sampler.eval_num_steps", self.eval_num_steps,
                "must be >= 0")

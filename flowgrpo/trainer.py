@@ -161,8 +161,18 @@ class Trainer:
             weights=self.rewards.weights, aggregation=cfg.reward.aggregation,
         )
         n = len(batch.groups)
+        mine = slice(self.rank * n, (self.rank + 1) * n)
         metrics.update(self.rewards.metrics(batch.reward, gather))
-        return adv[self.rank * n:(self.rank + 1) * n].to(self.acc.device), metrics
+        if batch.reward.regions is not None:
+            amap = region_advantages(gather(batch.reward.regions.to(self.acc.device)).cpu(),
+                                     groups.cpu(), cfg.train.advantage, cfg.train.adv_clip)
+            local = amap[mine].to(self.acc.device)
+            batch.position_adv = self.adapter.position_weights(local, batch.traj.latents[:, 0])
+            # the sign lives in the per-position weights; the sample advantage only says
+            # whether there is anything to learn from this sample
+            adv = (amap.flatten(1).abs().amax(1) > 0).float()
+            metrics["rollout/region_adv_abs_mean"] = amap.abs().mean().item()
+        return adv[mine].to(self.acc.device), metrics
 
     def update(self, batch: RolloutBatch, adv: torch.Tensor, epoch: int) -> dict:
         """``num_inner_epochs`` passes of minibatch GRPO updates over the trained steps."""
@@ -176,6 +186,9 @@ class Trainer:
         n_mb = int(self.acc.gather(torch.tensor([math.ceil(len(keep) / size)],
                                                 device=self.acc.device)).max())
         steps = len(traj.trained)
+        logp_old = traj.log_probs
+        if batch.position_adv is not None:
+            logp_old = self.weighted_log_probs(batch, size)
         sums: dict[str, float] = {}
         count = 0
         gen = torch.Generator().manual_seed(hash_seed(self.cfg.run.seed, epoch, self.rank, 2))
@@ -194,7 +207,7 @@ class Trainer:
                             with_kl=cfg.beta > 0, weight=batch.weights(idx, j),
                             autocast=self.autocast,
                         )
-                        loss, metrics = step_loss(result, traj.log_probs[idx, j], adv[idx],
+                        loss, metrics = step_loss(result, logp_old[idx, j], adv[idx],
                                                   cfg.loss, cfg.loss_params, cfg.beta)
                         self.acc.backward(loss * scale / (steps * cfg.gradient_accumulation))
                     if scale:
@@ -215,6 +228,20 @@ class Trainer:
             out["train/grad_norm"] = sums["train/grad_norm"] / max(updates, 1)
         out["train/samples"] = float(len(keep))
         return self.reduce(out)
+
+    @torch.no_grad()
+    def weighted_log_probs(self, batch: RolloutBatch, size: int) -> torch.Tensor:
+        """Sampling-policy log-probs under region weights ``[B, steps]`` (computed before any
+        update, so they are the old policy's)."""
+        out = []
+        for sl in chunks(len(batch.groups), size):
+            idx = torch.arange(sl.start, sl.stop, device=self.acc.device)
+            out.append(torch.stack([
+                replay_step(self.adapter, self.sampler, batch.traj, idx, j,
+                            self.cfg.model.guidance, weight=batch.weights(idx, j),
+                            autocast=self.autocast).log_prob
+                for j in range(len(batch.traj.trained))], 1))
+        return torch.cat(out)
 
     def reduce(self, metrics: dict) -> dict:
         """Mean of each metric over processes."""
@@ -350,6 +377,18 @@ def find_checkpoint(resume: str, output_dir: str) -> Path | None:
         if found is not None:
             return found
     return None
+
+
+def region_advantages(regions: torch.Tensor, groups: torch.Tensor, estimator: str,
+                      adv_clip: float) -> torch.Tensor:
+    """Per-position group-relative advantages ``[B, h, w]`` from region scores ``[B, h, w]``
+    (SpatialFlow-GRPO): each grid position is normalized within its group like a reward."""
+    est = adv_lib.get(estimator)
+    flat = regions.float().flatten(1)
+    amap = torch.stack([est(flat[:, i], groups) for i in range(flat.shape[1])], 1)
+    if adv_clip:
+        amap = amap.clamp(-adv_clip, adv_clip)
+    return amap.reshape(regions.shape)
 
 
 def hash_seed(*parts: int) -> int:
