@@ -315,7 +315,7 @@ class Trainer:
                 meta = model.peft_config["default"].to_dict()
                 meta["target_modules"] = sorted(meta["target_modules"])
                 self.adapter.save_lora(str(tmp / "lora"), lora_state_dict(self.adapter), meta)
-            else:
+            elif hasattr(model, "save_pretrained"):
                 model.save_pretrained(str(tmp / "transformer"))
             names = [n for n, p in model.named_parameters() if p.requires_grad]
             ckpt.save_tensors(tmp / "trainable.safetensors",
