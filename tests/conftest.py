@@ -20,10 +20,9 @@ def tiny_sd3_dir(tmp_path_factory):
     return str(path)
 
 
-@pytest.fixture
-def brightness_reward():
-    """Registers ``brightness_test`` (mean pixel value) for the duration of a test."""
-    from reward_models import REWARDS, RewardOutput, register
+def register_brightness() -> str:
+    """Register ``brightness_test``: the mean pixel value of images (frames averaged)."""
+    from reward_models import RewardOutput, register
     from reward_models.media import as_frames, average_frames
 
     def factory():
@@ -34,5 +33,13 @@ def brightness_reward():
         return reward
 
     register("brightness_test")(factory)
-    yield "brightness_test"
+    return "brightness_test"
+
+
+@pytest.fixture
+def brightness_reward():
+    """``brightness_test`` registered for the duration of a test."""
+    from reward_models import REWARDS
+
+    yield register_brightness()
     REWARDS._items.pop("brightness_test")
