@@ -1,0 +1,54 @@
+"""The flowgrpo command end to end on a tiny SD3: train, report, sample, eval, config, list."""
+
+import pytest
+import yaml
+
+from flowgrpo.cli import main
+
+
+@pytest.fixture
+def tiny_config(tiny_sd3_dir, tmp_path, brightness_reward):
+    cfg = {
+        "model": {"path": tiny_sd3_dir, "lora_rank": 4, "lora_alpha": 4},
+        "reward": {"name": brightness_reward},
+        "data": {"eval_images_per_prompt": 1},
+        "train": {"group_size": 4, "batch_size": 8},
+        "sampler": {"num_steps": 4},
+        "run": {"epochs": 2, "eval_every": 1, "save_every": 1, "progress": False,
+                "output_dir": str(tmp_path / "run")},
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.slow
+def test_train_report_sample_eval(tiny_config, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", str(tiny_config)]) == 0
+    for name in ("config.yaml", "metrics.jsonl", "samples/eval_00002.png"):
+        assert (run / name).is_file(), name
+    assert list((run / "tb").iterdir())
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "eval reward" in out and (run / "report.png").stat().st_size > 1000
+    png = tmp_path / "grid.png"
+    assert main(["sample", "--run", str(run), "--prompt", "a handwritten digit 1", "--num", "2",
+                 "--sampler", "sde", "--out", str(png)]) == 0
+    assert png.stat().st_size > 0
+    assert main(["eval", "--run", str(run)]) == 0
+    assert "eval/reward:" in capsys.readouterr().out
+
+
+def test_config_prints_resolved_yaml_and_lists_registries(tiny_config, capsys):
+    assert main(["config", str(tiny_config), "--set", "train.lr=0.01"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["train"]["lr"] == 0.01 and printed["sampler"]["num_steps"] == 4
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "samplers: cps, langevin, ode, sde" in out and "losses: clip" in out
+
+
+def test_bad_override_exits_2_with_message(tiny_config, capsys):
+    assert main(["config", str(tiny_config), "--set", "train.group_size=3"]) == 2
+    assert "train.batch_size" in capsys.readouterr().err
