@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 Prompt = tuple[str, dict]
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def digit_prompt(d: int) -> str:
@@ -29,6 +30,8 @@ def load_prompts(spec: str) -> list[Prompt]:
     if spec in BUILTIN:
         return BUILTIN[spec]()
     path = Path(spec)
+    if not path.is_file() and not path.is_absolute() and (REPO_ROOT / path).is_file():
+        path = REPO_ROOT / path  # the shipped example prompt sets, from any working directory
     if not path.is_file():
         raise FileNotFoundError(
             f"prompt set {spec!r} is neither a built-in ({', '.join(BUILTIN)}) nor a file"
