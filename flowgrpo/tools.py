@@ -66,7 +66,7 @@ def sample(cfg: Config | None, run: str | None, prompts: list[str] | None, sampl
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     if adapter.modality == "audio":
-        from reward_models.media import save_wav
+        from pipelines.media_io import save_wav
 
         path.mkdir(exist_ok=True)
         for i, clip in enumerate(media):

@@ -72,7 +72,7 @@ class Tracker:
             return None
         folder = self.run_dir / "samples"
         if kind == "audio":
-            from reward_models.media import save_wav
+            from pipelines.media_io import save_wav
 
             for i, clip in enumerate(media[:nrow]):
                 save_wav(clip, sample_rate, folder / f"{name}_{step:05d}_{i}.wav")

@@ -1,0 +1,286 @@
+"""Serve any reward over HTTP (JSON, base64 media, never pickle) on the standard library.
+
+Protocol::
+
+    GET  /health -> {"status": "ok", "groupwise": bool, "max_batch": int}
+    POST /score  <- {"kind": "image" | "video" | "audio",
+                     "media": [base64 PNG, ...] | [[base64 PNG per frame], ...] | [base64 WAV, ...],
+                     "sample_rate": int (audio; the WAV header wins), "prompts": [...],
+                     "metadata": [{...}, ...]}
+                 -> {"scores": [B], "regions": [B][h][w] | null,
+                     "components": {name: [B]} | null, "info": {...}}
+
+Errors answer ``{"error": message}``: 400 malformed JSON or fields (or a reward's own
+``ValueError``/``TypeError``, e.g. the wrong media kind), 401 missing/bad bearer token, 404 unknown
+path, 411 no Content-Length, 413 body over ``max_bytes`` or batch over ``max_batch``, 500 a
+reward failure. The server keeps serving after every error. Requests are handled on threads;
+scoring is serialized by a lock because reward models are not assumed thread-safe.
+
+Binds to 127.0.0.1 by default: a reward server executes models on request and has no rate limit,
+so expose it beyond loopback only behind a token (``--token``) and a trusted network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import json
+import logging
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import torch
+
+from .base import Reward, RewardOutput
+from .media import Media, media_from_wire, media_to_wire
+
+log = logging.getLogger(__name__)
+DEFAULT_MAX_BYTES = 256 * 2**20
+DRAIN_LIMIT = 16 * 2**20  # bytes of a refused body read and dropped before answering
+TOKEN_ENV = "FLOWGRPO_REWARD_TOKEN"
+
+
+def jsonable(value: Any) -> Any:
+    """Tensors / arrays / tuples -> plain lists and numbers for ``json.dumps``."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().tolist()
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def encode_request(media: Media, prompts: list[str], metadata: list[dict]) -> bytes:
+    """The ``/score`` request body for a batch."""
+    body = {
+        "kind": media.kind, "media": media_to_wire(media), "sample_rate": media.sample_rate,
+        "prompts": list(prompts), "metadata": jsonable(list(metadata)),
+    }
+    return json.dumps(body).encode()
+
+
+def decode_request(body: dict, max_batch: int) -> tuple[Media, list[str], list[dict]]:
+    """Validate a parsed ``/score`` body; ``ValueError`` names the problem."""
+    if not isinstance(body, dict):
+        raise ValueError("the request body must be a JSON object")
+    missing = [k for k in ("kind", "media", "prompts") if k not in body]
+    if missing:
+        raise ValueError(f"missing fields: {', '.join(missing)}")
+    items, prompts = body["media"], body["prompts"]
+    if not isinstance(items, list) or not isinstance(prompts, list):
+        raise ValueError("'media' and 'prompts' must be lists")
+    if len(items) > max_batch:
+        raise OverflowError(f"batch of {len(items)} exceeds this server's max_batch={max_batch}")
+    metadata = body.get("metadata") or [{} for _ in items]
+    if len(prompts) != len(items) or len(metadata) != len(items):
+        raise ValueError(
+            f"{len(items)} media items but {len(prompts)} prompts and {len(metadata)} metadata"
+        )
+    if not all(isinstance(p, str) for p in prompts) or not all(
+        isinstance(m, dict) for m in metadata
+    ):
+        raise ValueError("prompts must be strings and metadata entries objects")
+    return media_from_wire(body["kind"], items, body.get("sample_rate")), prompts, metadata
+
+
+def encode_output(out: RewardOutput) -> dict:
+    """A :class:`RewardOutput` as a JSON-ready dict."""
+    return {
+        "scores": jsonable(out.scores.float()),
+        "regions": None if out.regions is None else jsonable(out.regions.float()),
+        "components": None if out.components is None else jsonable(out.components),
+        "info": jsonable(out.info),
+    }
+
+
+def decode_output(body: dict) -> RewardOutput:
+    """Inverse of :func:`encode_output` (float32 tensors)."""
+
+    def tensor(value: Any) -> torch.Tensor | None:
+        return None if value is None else torch.tensor(value, dtype=torch.float32)
+
+    components = body.get("components")
+    return RewardOutput(
+        scores=tensor(body["scores"]),
+        regions=tensor(body.get("regions")),
+        components=None if components is None else {k: tensor(v) for k, v in components.items()},
+        info=body.get("info") or {},
+    )
+
+
+def _handler(reward: Reward, max_batch: int, max_bytes: int, token: str | None) -> type:
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        timeout = 120  # seconds a stalled client may hold a connection
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            log.debug("%s " + fmt, self.address_string(), *args)
+
+        def _send(self, code: int, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(code)
+            if code == 401:
+                self.send_header("WWW-Authenticate", "Bearer")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _discard(self, length: int) -> None:
+            """Drop a refused body. Reading it (up to a bound) lets the client receive the error
+            instead of a connection reset; beyond the bound the connection is closed."""
+            self.close_connection = True
+            remaining = min(max(length, 0), DRAIN_LIMIT)
+            while remaining > 0:
+                chunk = self.rfile.read(min(remaining, 2**16))
+                if not chunk:
+                    break
+                remaining -= len(chunk)
+
+        def do_GET(self) -> None:
+            if self.path.rstrip("/") == "/health":
+                groupwise = bool(getattr(reward, "groupwise", False))
+                self._send(200, {"status": "ok", "groupwise": groupwise, "max_batch": max_batch})
+            else:
+                self._send(404, {"error": f"unknown path {self.path!r}; use /health or /score"})
+
+        def do_POST(self) -> None:
+            if self.path.rstrip("/") != "/score":
+                self._send(404, {"error": f"unknown path {self.path!r}; POST to /score"})
+                return
+            try:
+                length = int(self.headers.get("Content-Length", ""))
+            except ValueError:
+                self.close_connection = True
+                self._send(411, {"error": "a Content-Length header is required"})
+                return
+            if token is not None:
+                given = self.headers.get("Authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                    self._discard(length)
+                    self._send(401, {"error": "missing or wrong bearer token"})
+                    return
+            if length > max_bytes or length < 0:
+                self._discard(length)
+                self._send(413, {"error": f"body of {length} bytes exceeds max_bytes={max_bytes}"})
+                return
+            try:
+                body = json.loads(self.rfile.read(length))
+                media, prompts, metadata = decode_request(body, max_batch)
+            except OverflowError as e:
+                self._send(413, {"error": str(e)})
+                return
+            except (ValueError, TypeError, KeyError, OSError) as e:
+                self._send(400, {"error": f"malformed request: {e}"})
+                return
+            try:
+                with lock:
+                    out = reward(media, prompts, metadata)
+            except (ValueError, TypeError) as e:
+                self._send(400, {"error": f"{type(e).__name__}: {e}"})
+                return
+            except Exception as e:  # any reward failure: report it, keep serving
+                log.exception("reward failed")
+                self._send(500, {"error": f"{type(e).__name__}: {e}"})
+                return
+            self._send(200, encode_output(out))
+
+    return Handler
+
+
+class RewardServer:
+    """A running reward server: ``url``, :meth:`close`, usable as a context manager."""
+
+    def __init__(self, httpd: ThreadingHTTPServer, thread: threading.Thread | None) -> None:
+        self.httpd, self.thread = httpd, thread
+        host, port = httpd.server_address[:2]
+        self.url = f"http://{host}:{port}"
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        if self.thread is not None:
+            self.httpd.shutdown()
+            self.thread.join()
+        self.httpd.server_close()
+
+    def __enter__(self) -> RewardServer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def serve(
+    reward: Reward,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_batch: int = 64,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    token: str | None = None,
+    background: bool = True,
+) -> RewardServer:
+    """Serve ``reward`` on ``host:port`` (port 0: a free one); returns the server (``.url``).
+
+    With ``background`` (default) requests are served on a daemon thread and this returns at
+    once; otherwise the caller runs ``server.httpd.serve_forever()``.
+    """
+    httpd = ThreadingHTTPServer((host, port), _handler(reward, max_batch, max_bytes, token))
+    httpd.daemon_threads = True
+    thread = None
+    if background:
+        thread = threading.Thread(target=httpd.serve_forever, name="reward-server", daemon=True)
+        thread.start()
+    return RewardServer(httpd, thread)
+
+
+def _parse_params(pairs: list[str], params_json: str | None) -> dict:
+    params = json.loads(params_json) if params_json else {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--param expects key=value, got {pair!r}")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value  # a bare string
+    return params
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``flowgrpo serve-reward``: build a registered reward and serve it until interrupted."""
+    from .mix import build_reward
+
+    parser = argparse.ArgumentParser(
+        prog="flowgrpo serve-reward", description="Serve a registered reward over HTTP."
+    )
+    parser.add_argument("--reward", required=True, help="registered reward name (e.g. pickscore)")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="reward parameter; VALUE is parsed as JSON when it is valid JSON")
+    parser.add_argument("--params", help="reward parameters as one JSON object")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    parser.add_argument("--port", type=int, default=0, help="port (0: pick a free one)")
+    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV),
+                        help=f"require 'Authorization: Bearer TOKEN' (default ${TOKEN_ENV})")
+    parser.add_argument("--max-batch", type=int, default=64, help="largest batch accepted")
+    parser.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES,
+                        help="largest request body accepted, in bytes")
+    args = parser.parse_args(argv)
+    reward = build_reward(args.reward, _parse_params(args.param, args.params))
+    server = serve(reward, args.host, args.port, args.max_batch, args.max_bytes, args.token,
+                   background=False)
+    print(server.url, flush=True)
+    try:
+        server.httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.httpd.server_close()
+    return 0
