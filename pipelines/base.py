@@ -8,11 +8,13 @@ the trainer never see model units (timesteps) or latent packing.
 
 from __future__ import annotations
 
+import inspect
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,15 +35,15 @@ class Cond:
     def __len__(self) -> int:
         return next(iter(self.tensors.values())).shape[0]
 
-    def index(self, idx: torch.Tensor | list[int] | slice) -> "Cond":
+    def index(self, idx: torch.Tensor | list[int] | slice) -> Cond:
         """The sub-batch ``idx``."""
         return Cond({k: v[idx] for k, v in self.tensors.items()})
 
-    def to(self, device: torch.device | str) -> "Cond":
+    def to(self, device: torch.device | str) -> Cond:
         return Cond({k: v.to(device) for k, v in self.tensors.items()})
 
     @staticmethod
-    def cat(conds: list["Cond"]) -> "Cond":
+    def cat(conds: list[Cond]) -> Cond:
         """Concatenate along the batch."""
         return Cond({k: torch.cat([c.tensors[k] for c in conds]) for k in conds[0].tensors})
 
@@ -134,7 +136,7 @@ class FlowAdapter(ABC):
     def offload_encoders(self, device: torch.device | str = "cpu") -> None:
         """Move text encoders and VAE to ``device`` (e.g. off the accelerator after encoding)."""
 
-    def to(self, device: torch.device | str) -> "FlowAdapter":
+    def to(self, device: torch.device | str) -> FlowAdapter:
         self.pipeline.to(device)
         return self
 
@@ -149,10 +151,14 @@ def absent_components(pipeline_cls: Any, path_or_id: str) -> dict[str, None]:
     index = Path(path_or_id) / "model_index.json"
     if not index.is_file():
         return {}
-    present = {k for k, v in json.loads(index.read_text()).items()
-               if isinstance(v, list) and v[0] is not None}
-    expected, optional = pipeline_cls._get_signature_keys(pipeline_cls)
-    return {name: None for name in [*expected, *optional] if name not in present}
+    entries = json.loads(index.read_text())
+    present = {k for k, v in entries.items() if not (isinstance(v, list) and v[0] is None)}
+    params = inspect.signature(pipeline_cls.__init__).parameters
+    # only required arguments need an explicit None; settings with defaults keep them
+    required = [n for n, p in params.items()
+                if n != "self" and p.default is inspect.Parameter.empty
+                and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    return {name: None for name in required if name not in present}
 
 
 FAMILIES: Registry[Callable[..., FlowAdapter]] = Registry("pipeline family")
