@@ -20,10 +20,16 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from .config_io import to_dict
+from .model import lora_state_dict, unwrap
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
@@ -114,3 +120,82 @@ def write_json(path: Path, data: dict) -> None:
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def save_trainer(trainer: Trainer, step: int) -> Path | None:
+    """Write checkpoint ``step`` atomically (see :mod:`flowgrpo.checkpoint`)."""
+    trainer.acc.wait_for_everyone()
+    tmp = trainer.run_dir / "checkpoints" / f".tmp_step_{step}"
+    if trainer.acc.is_main_process:
+        begin(trainer.run_dir, step)
+    trainer.acc.wait_for_everyone()
+    save_rng(tmp, trainer.rank)
+    trainer.acc.wait_for_everyone()
+    final = None
+    if trainer.acc.is_main_process:
+        model = unwrap(trainer.adapter.transformer)
+        if trainer.cfg.model.lora:
+            meta = model.peft_config["default"].to_dict()
+            meta["target_modules"] = sorted(meta["target_modules"])
+            trainer.adapter.save_lora(str(tmp / "lora"), lora_state_dict(trainer.adapter), meta)
+        elif hasattr(model, "save_pretrained"):
+            model.save_pretrained(str(tmp / "transformer"))
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        save_tensors(tmp / "trainable.safetensors",
+                          dict(zip(names, trainer.params)))
+        if trainer.ema is not None:
+            save_tensors(tmp / "ema.safetensors", trainer.ema.state_dict())
+        tensors, meta_opt = optimizer_to_flat(trainer.optimizer.state_dict())
+        save_tensors(tmp / "optimizer.safetensors", tensors)
+        write_json(tmp / "optimizer.json", meta_opt)
+        write_json(tmp / "state.json", {"step": step, "epoch": step,
+                                             "world_size": trainer.world,
+                                             "config": to_dict(trainer.cfg)})
+        final = commit(tmp, trainer.cfg.run.keep_checkpoints)
+    trainer.acc.wait_for_everyone()
+    return final
+
+
+def load_trainer(trainer: Trainer, folder: Path) -> None:
+    """Continue from checkpoint ``folder``: weights, optimizer, EMA, RNG, epoch."""
+    state = read_json(folder / "state.json")
+    weights = load_file(str(folder / "trainable.safetensors"))
+    model = unwrap(trainer.adapter.transformer)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    missing = [n for n in names if n not in weights]
+    if missing:
+        raise ValueError(f"checkpoint {folder} does not match this model; "
+                         f"missing {missing[:3]}")
+    with torch.no_grad():
+        for name, p in zip(names, trainer.params):
+            p.copy_(weights[name])
+    trainer.optimizer.load_state_dict(optimizer_from_flat(
+        load_file(str(folder / "optimizer.safetensors")),
+        read_json(folder / "optimizer.json")))
+    if trainer.ema is not None and (folder / "ema.safetensors").is_file():
+        trainer.ema.load_state_dict(load_file(str(folder / "ema.safetensors")))
+    load_rng(folder, trainer.rank)
+    trainer.start_epoch = int(state["epoch"])
+    if trainer.acc.is_main_process:
+        print(f"resuming from {folder} at step {trainer.start_epoch}")
+
+
+def find_checkpoint(resume: str, output_dir: str) -> Path | None:
+    """Resolve ``--resume`` (``auto``, a run folder or a checkpoint folder) to a checkpoint."""
+    if resume != "auto":
+        path = Path(resume)
+        if (path / "state.json").is_file():
+            return path
+        found = latest_checkpoint(path)
+        if found is None:
+            raise FileNotFoundError(f"--resume {resume}: no checkpoint found there")
+        return found
+    if output_dir:
+        return latest_checkpoint(output_dir)
+    runs = sorted(Path("runs").glob("*"), key=lambda p: p.stat().st_mtime) if Path(
+        "runs").is_dir() else []
+    for run in reversed(runs):
+        found = latest_checkpoint(run)
+        if found is not None:
+            return found
+    return None

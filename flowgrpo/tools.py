@@ -31,7 +31,7 @@ def run_config(run: str) -> Config:
 
 def load_trained(cfg: Config, run: str | None, device: str | torch.device = "cpu"):
     """The base adapter of ``cfg``, with the trained weights of ``run`` when given."""
-    from .trainer import find_checkpoint
+    from .checkpoint import find_checkpoint
 
     adapter = load_adapter(cfg.model, device)
     if run:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from .data import load_prompts, sample_groups
 from .ema import EMA
 from .evaluate import Evaluator
 from .grpo import replay_step, step_loss
-from .model import load_adapter, lora_state_dict, make_trainable, unwrap
+from .model import load_adapter, make_trainable
 from .rewards import RewardRunner
 from .rollout import rollout
 from .tracking import Tracker, new_run_dir
@@ -48,7 +49,7 @@ class Trainer:
 
         self.cfg = cfg = config
         self.acc = Accelerator(cpu=cfg.run.cpu or not torch.cuda.is_available())
-        checkpoint = find_checkpoint(resume, cfg.run.output_dir) if resume else None
+        checkpoint = ckpt.find_checkpoint(resume, cfg.run.output_dir) if resume else None
         if checkpoint is not None:
             run_dir = checkpoint.parent.parent
         else:
@@ -109,15 +110,27 @@ class Trainer:
 
         todo = sorted({p for p in prompts if p not in self._cond_cache})
         if todo:
-            enc = self.adapter.encode(todo)
+            with self.offloaded(self.adapter.text_encoder_names):
+                enc = self.adapter.encode(todo)
             for i, p in enumerate(todo):
                 self._cond_cache[p] = enc.index(slice(i, i + 1))
         cond = Cond.cat([self._cond_cache[p] for p in prompts])
         if not self.cfg.model.cache_prompt_embeds:
             self._cond_cache.clear()
-        if self.cfg.model.offload_encoders:
-            self.adapter.offload_encoders("cpu")
         return cond
+
+    @contextmanager
+    def offloaded(self, names: tuple[str, ...]) -> Iterator[None]:
+        """With ``model.offload_encoders``, the named components sit on the accelerator only
+        inside the block and wait on the CPU otherwise."""
+        if not self.cfg.model.offload_encoders:
+            yield
+            return
+        self.adapter.move_components(names, self.acc.device)
+        try:
+            yield
+        finally:
+            self.adapter.move_components(names, "cpu")
 
     def sample(self, epoch: int) -> RolloutBatch:
         """Roll out one batch of prompt groups; rewards overlap the following chunks."""
@@ -136,18 +149,20 @@ class Trainer:
         trained = self.trained_steps(epoch)
         trajs, pending = [], []
         size = cfg.train.sample_batch_size or cfg.train.batch_size
-        for sl in chunks(len(texts), size):
-            cond = self.encode(texts[sl])
-            noise = self.adapter.noise(len(cond), noise_gen)
-            traj = rollout(
-                self.adapter, self.sampler, cond, noise, sigmas, trained, cfg.model.guidance,
-                generator=noise_gen, after_window=cfg.sampler.after_window,
-                flash_ratio=cfg.sampler.flash_ratio,
-                storage_dtype=getattr(torch, cfg.sampler.storage_dtype), autocast=self.autocast,
-            )
-            media = self.adapter.decode(traj.final)
-            pending.append(self.rewards.submit(media, texts[sl], metas[sl]))
-            trajs.append(traj)
+        with self.offloaded(("vae",)):
+            for sl in chunks(len(texts), size):
+                cond = self.encode(texts[sl])
+                noise = self.adapter.noise(len(cond), noise_gen)
+                traj = rollout(
+                    self.adapter, self.sampler, cond, noise, sigmas, trained,
+                    cfg.model.guidance, generator=noise_gen,
+                    after_window=cfg.sampler.after_window, flash_ratio=cfg.sampler.flash_ratio,
+                    storage_dtype=getattr(torch, cfg.sampler.storage_dtype),
+                    autocast=self.autocast,
+                )
+                media = self.adapter.decode(traj.final)
+                pending.append(self.rewards.submit(media, texts[sl], metas[sl]))
+                trajs.append(traj)
         return RolloutBatch.build(trajs, texts, metas, groups, self.rewards.collect(pending))
 
     def advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict]:
@@ -301,82 +316,11 @@ class Trainer:
     # ----------------------------------------------------------------- checkpoints
     def save(self, step: int) -> Path | None:
         """Write checkpoint ``step`` atomically (see :mod:`flowgrpo.checkpoint`)."""
-        self.acc.wait_for_everyone()
-        tmp = self.run_dir / "checkpoints" / f".tmp_step_{step}"
-        if self.acc.is_main_process:
-            ckpt.begin(self.run_dir, step)
-        self.acc.wait_for_everyone()
-        ckpt.save_rng(tmp, self.rank)
-        self.acc.wait_for_everyone()
-        final = None
-        if self.acc.is_main_process:
-            model = unwrap(self.adapter.transformer)
-            if self.cfg.model.lora:
-                meta = model.peft_config["default"].to_dict()
-                meta["target_modules"] = sorted(meta["target_modules"])
-                self.adapter.save_lora(str(tmp / "lora"), lora_state_dict(self.adapter), meta)
-            elif hasattr(model, "save_pretrained"):
-                model.save_pretrained(str(tmp / "transformer"))
-            names = [n for n, p in model.named_parameters() if p.requires_grad]
-            ckpt.save_tensors(tmp / "trainable.safetensors",
-                              dict(zip(names, self.params)))
-            if self.ema is not None:
-                ckpt.save_tensors(tmp / "ema.safetensors", self.ema.state_dict())
-            tensors, meta_opt = ckpt.optimizer_to_flat(self.optimizer.state_dict())
-            ckpt.save_tensors(tmp / "optimizer.safetensors", tensors)
-            ckpt.write_json(tmp / "optimizer.json", meta_opt)
-            ckpt.write_json(tmp / "state.json", {"step": step, "epoch": step,
-                                                 "world_size": self.world,
-                                                 "config": to_dict(self.cfg)})
-            final = ckpt.commit(tmp, self.cfg.run.keep_checkpoints)
-        self.acc.wait_for_everyone()
-        return final
+        return ckpt.save_trainer(self, step)
 
     def load(self, folder: Path) -> None:
         """Continue from checkpoint ``folder``: weights, optimizer, EMA, RNG, epoch."""
-        from safetensors.torch import load_file
-
-        state = ckpt.read_json(folder / "state.json")
-        weights = load_file(str(folder / "trainable.safetensors"))
-        model = unwrap(self.adapter.transformer)
-        names = [n for n, p in model.named_parameters() if p.requires_grad]
-        missing = [n for n in names if n not in weights]
-        if missing:
-            raise ValueError(f"checkpoint {folder} does not match this model; "
-                             f"missing {missing[:3]}")
-        with torch.no_grad():
-            for name, p in zip(names, self.params):
-                p.copy_(weights[name])
-        self.optimizer.load_state_dict(ckpt.optimizer_from_flat(
-            load_file(str(folder / "optimizer.safetensors")),
-            ckpt.read_json(folder / "optimizer.json")))
-        if self.ema is not None and (folder / "ema.safetensors").is_file():
-            self.ema.load_state_dict(load_file(str(folder / "ema.safetensors")))
-        ckpt.load_rng(folder, self.rank)
-        self.start_epoch = int(state["epoch"])
-        if self.acc.is_main_process:
-            print(f"resuming from {folder} at step {self.start_epoch}")
-
-
-def find_checkpoint(resume: str, output_dir: str) -> Path | None:
-    """Resolve ``--resume`` (``auto``, a run folder or a checkpoint folder) to a checkpoint."""
-    if resume != "auto":
-        path = Path(resume)
-        if (path / "state.json").is_file():
-            return path
-        found = ckpt.latest_checkpoint(path)
-        if found is None:
-            raise FileNotFoundError(f"--resume {resume}: no checkpoint found there")
-        return found
-    if output_dir:
-        return ckpt.latest_checkpoint(output_dir)
-    runs = sorted(Path("runs").glob("*"), key=lambda p: p.stat().st_mtime) if Path(
-        "runs").is_dir() else []
-    for run in reversed(runs):
-        found = ckpt.latest_checkpoint(run)
-        if found is not None:
-            return found
-    return None
+        ckpt.load_trainer(self, folder)
 
 
 def region_advantages(regions: torch.Tensor, groups: torch.Tensor, estimator: str,

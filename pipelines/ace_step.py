@@ -61,6 +61,7 @@ class AceStepAdapter(FlowAdapter):
     modality = "audio"
     # Self- and cross-attention projections of every DiT block.
     default_lora_targets = ("to_q", "to_k", "to_v", "to_out.0")
+    text_encoder_names = ("text_encoder", "condition_encoder")
 
     def __init__(
         self,
@@ -243,8 +244,3 @@ class AceStepAdapter(FlowAdapter):
             scores = scores.mean(1)
         return F.interpolate(scores[:, None], size=latents.shape[1], mode="area").transpose(1, 2)
 
-    def offload_encoders(self, device: torch.device | str = "cpu") -> None:
-        for name in ("text_encoder", "condition_encoder", "vae"):
-            module = getattr(self.pipeline, name, None)
-            if module is not None:
-                module.to(device)

@@ -57,11 +57,13 @@ class FlowAdapter(ABC):
         transformer: the module LoRA wraps and the optimizer trains.
         pipeline: the underlying diffusers pipeline (components, ``load_lora_weights``).
         default_lora_targets: module names a LoRA targets by default for this family.
+        text_encoder_names: pipeline components that only encode prompts (offloadable).
     """
 
     modality: str = "image"
     sample_rate: int | None = None
     default_lora_targets: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
+    text_encoder_names: tuple[str, ...] = ("text_encoder", "text_encoder_2", "text_encoder_3")
     transformer: torch.nn.Module
     pipeline: Any
 
@@ -133,8 +135,16 @@ class FlowAdapter(ABC):
         grid = F.interpolate(regions[:, None].float(), size=latents.shape[-2:], mode="area")
         return grid
 
+    def move_components(self, names: tuple[str, ...], device: torch.device | str) -> None:
+        """Move the named pipeline components (those present) to ``device``."""
+        for name in names:
+            module = getattr(self.pipeline, name, None)
+            if isinstance(module, torch.nn.Module):
+                module.to(device)
+
     def offload_encoders(self, device: torch.device | str = "cpu") -> None:
-        """Move text encoders and VAE to ``device`` (e.g. off the accelerator after encoding)."""
+        """Move text encoders and VAE to ``device`` (e.g. off the accelerator after use)."""
+        self.move_components((*self.text_encoder_names, "vae"), device)
 
     def to(self, device: torch.device | str) -> FlowAdapter:
         self.pipeline.to(device)

@@ -225,8 +225,3 @@ class FluxAdapter(FlowAdapter):
         grid = F.interpolate(regions[:, None].float(), size=(h // 2, w // 2), mode="area")
         return grid.flatten(1)[..., None]
 
-    def offload_encoders(self, device: torch.device | str = "cpu") -> None:
-        for name in ("text_encoder", "text_encoder_2", "vae"):
-            module = getattr(self.pipeline, name, None)
-            if module is not None:
-                module.to(device)

@@ -1,4 +1,4 @@
-"""Stable Diffusion 3 / 3.5 (and the shipped digits toy) through diffusers' StableDiffusion3Pipeline.
+"""SD3 / SD3.5 (and the shipped digits toy) through diffusers' StableDiffusion3Pipeline.
 
 Model units: the transformer takes ``timestep = 1000 * sigma`` (``num_train_timesteps``); the
 schedule is the pipeline scheduler's own (static shift), so a rollout with the Euler sampler
@@ -129,8 +129,3 @@ class SD3Adapter(FlowAdapter):
         image = vae.decode(latents, return_dict=False)[0]
         return (image.float() / 2 + 0.5).clamp(0, 1)
 
-    def offload_encoders(self, device: torch.device | str = "cpu") -> None:
-        for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae"):
-            module = getattr(self.pipeline, name, None)
-            if module is not None:
-                module.to(device)

@@ -165,8 +165,3 @@ class WanAdapter(FlowAdapter):
         grid = F.interpolate(regions[:, None].float(), size=latents.shape[-2:], mode="area")
         return grid[:, :, None]
 
-    def offload_encoders(self, device: torch.device | str = "cpu") -> None:
-        for name in ("text_encoder", "vae"):
-            module = getattr(self.pipeline, name, None)
-            if module is not None:
-                module.to(device)
