@@ -105,9 +105,15 @@ class Trainer:
         return self.window.steps(n, epoch) if self.window else list(range(n - 1))
 
     def encode(self, prompts: list[str]):
-        """Encode each distinct prompt once (cached across epochs) and expand to the batch."""
+        """Encode each distinct prompt once and expand to the batch; encodings are cached across
+        epochs when the family allows it (``per_prompt_encoding``) and the config asks for it."""
         from pipelines import Cond
 
+        if not self.adapter.per_prompt_encoding:  # one call, so every row shares its padding
+            unique = sorted(set(prompts))
+            with self.offloaded(self.adapter.text_encoder_names):
+                enc = self.adapter.encode(unique)
+            return enc.index([unique.index(p) for p in prompts])
         todo = sorted({p for p in prompts if p not in self._cond_cache})
         if todo:
             with self.offloaded(self.adapter.text_encoder_names):
@@ -149,9 +155,10 @@ class Trainer:
         trained = self.trained_steps(epoch)
         trajs, pending = [], []
         size = cfg.train.sample_batch_size or cfg.train.batch_size
+        cond_all = self.encode(texts)  # prompt encodings: once per batch, not per chunk
         with self.offloaded(("vae",)):
             for sl in chunks(len(texts), size):
-                cond = self.encode(texts[sl])
+                cond = cond_all.index(sl)
                 noise = self.adapter.noise(len(cond), noise_gen)
                 traj = rollout(
                     self.adapter, self.sampler, cond, noise, sigmas, trained,

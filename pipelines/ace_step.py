@@ -62,6 +62,7 @@ class AceStepAdapter(FlowAdapter):
     # Self- and cross-attention projections of every DiT block.
     default_lora_targets = ("to_q", "to_k", "to_v", "to_out.0")
     text_encoder_names = ("text_encoder", "condition_encoder")
+    per_prompt_encoding = False  # prompts are padded to the batch's longest, padding attended
 
     def __init__(
         self,

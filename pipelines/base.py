@@ -58,12 +58,16 @@ class FlowAdapter(ABC):
         pipeline: the underlying diffusers pipeline (components, ``load_lora_weights``).
         default_lora_targets: module names a LoRA targets by default for this family.
         text_encoder_names: pipeline components that only encode prompts (offloadable).
+        per_prompt_encoding: whether a prompt's encoding is independent of the other prompts
+            encoded with it (so encodings can be cached per prompt and concatenated). False
+            when prompts are padded to the batch's longest and the model attends to padding.
     """
 
     modality: str = "image"
     sample_rate: int | None = None
     default_lora_targets: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
     text_encoder_names: tuple[str, ...] = ("text_encoder", "text_encoder_2", "text_encoder_3")
+    per_prompt_encoding: bool = True
     transformer: torch.nn.Module
     pipeline: Any
 

@@ -1,0 +1,77 @@
+"""The contract every registered family passes with the unchanged trainer: load from a folder,
+encode, roll out with each stochastic sampler (ratio 1 before any update), decode, reward, one
+LoRA training step that changes only the LoRA weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pipelines
+import samplers
+from flowgrpo.config_io import from_dict
+from flowgrpo.grpo import replay_step
+from reward_models import REWARDS, RewardOutput
+
+try:
+    from tests.test_families import CASES
+except ImportError:  # tests/ itself is on sys.path (pytest's default import mode)
+    from test_families import CASES
+
+SAMPLERS = [("sde", {}), ("cps", {}), ("langevin", {"velocity": "model"})]
+
+
+def energy():
+    """Mean of the media values: defined for images, video and audio alike."""
+    return lambda media, prompts, metadata: RewardOutput(
+        media.data.float().flatten(1).mean(1))
+
+
+def setup_module():
+    REWARDS.register("energy_test")(energy)
+
+
+def teardown_module():
+    REWARDS._items.pop("energy_test")
+
+
+def test_every_registered_family_has_a_contract_case():
+    assert set(pipelines.names()) <= set(CASES), set(pipelines.names()) - set(CASES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_family_contract(family, tmp_path):
+    from flowgrpo.trainer import Trainer
+
+    case = CASES[family]
+    folder = tmp_path / "model"
+    case.make().pipeline.save_pretrained(str(folder))
+    cfg = from_dict({
+        "model": {"family": family, "path": str(folder), "options": dict(case.options),
+                  "guidance": 1.0, "lora_rank": 4, "lora_alpha": 4},
+        "reward": {"name": "energy_test"},
+        "data": {"prompts": "digits", "eval_images_per_prompt": 1},
+        "sampler": {"num_steps": 3},
+        "train": {"group_size": 2, "batch_size": 4, "lr": 1e-2, "beta": 0.1},
+        "run": {"epochs": 1, "output_dir": str(tmp_path), "progress": False,
+                "tensorboard": False},
+    })
+    t = Trainer(cfg)
+    idx = torch.arange(4)
+    for name, params in SAMPLERS:
+        t.sampler = samplers.get(name, **params)
+        batch = t.sample(0)
+        media = t.adapter.decode(batch.traj.final)
+        assert media.dim() == {"image": 4, "video": 5, "audio": 3}[t.adapter.modality]
+        assert batch.reward.scores.shape == (4,) and torch.isfinite(batch.reward.scores).all()
+        for j in range(len(batch.traj.trained)):
+            logp = replay_step(t.adapter, t.sampler, batch.traj, idx, j, 1.0).log_prob
+            ratio = torch.exp(logp - batch.traj.log_probs[:, j])
+            assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-6, rtol=0), (name, ratio)
+    before = {n: p.detach().clone() for n, p in t.adapter.transformer.named_parameters()}
+    adv, _ = t.advantages(batch)
+    t.update(batch, adv, 0)
+    after = dict(t.adapter.transformer.named_parameters())
+    changed = [n for n in before if not torch.equal(before[n], after[n].detach())]
+    assert changed and all("lora_" in n for n in changed), changed[:3]
