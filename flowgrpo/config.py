@@ -44,8 +44,8 @@ class ModelConfig:
     width: int = _help("image width in pixels (0: the model's native size)", default=0)
     dtype: str = _help("dtype the weights are loaded in: float32, bfloat16 or float16",
                        default="float32")
-    mixed_precision: str = _help("autocast for model calls: no, bf16 or fp16 (step math stays "
-                                 "fp32)", default="no")
+    mixed_precision: str = _help("autocast for model calls: fp32 (none), bf16 or fp16; step "
+                                 "math stays fp32", default="fp32")
     guidance: float = _help("CFG scale (or guidance-embedding value) for rollout, training and "
                             "eval; 1 disables CFG", default=1.0)
     negative_prompt: str = _help("unconditional prompt for CFG", default="")
@@ -69,7 +69,7 @@ class ModelConfig:
 
         _choice("model.family", self.family, pipelines.names())
         _choice("model.dtype", self.dtype, DTYPES)
-        _choice("model.mixed_precision", self.mixed_precision, ("no", "bf16", "fp16"))
+        _choice("model.mixed_precision", self.mixed_precision, ("fp32", "bf16", "fp16"))
         _check(self.height >= 0 and self.width >= 0, "model.height/width", (self.height,
                self.width), "must be >= 0 (0 = native)")
         _check(self.guidance >= 0, "model.guidance", self.guidance, "must be >= 0")

@@ -352,7 +352,7 @@ def hash_seed(*parts: int) -> int:
 
 def autocast_factory(mixed_precision: str, device: torch.device):
     """A zero-argument context factory: autocast in bf16/fp16, or nothing."""
-    if mixed_precision == "no":
+    if mixed_precision == "fp32":
         return nullcontext
     dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
     return lambda: torch.autocast(device.type, dtype=dtype)
