@@ -9,10 +9,10 @@ from flowgrpo.config_io import from_dict
 from flowgrpo.grpo import replay_step
 
 
-def make_config(path, out, reward, **sections):
+def make_config(path, out, reward_name, **sections):
     data = {
         "model": {"path": path, "lora_rank": 4, "lora_alpha": 4},
-        "reward": {"name": reward},
+        "reward": {"name": reward_name},
         "data": {"prompts": "digits", "eval_images_per_prompt": 2},
         "train": {"group_size": 4, "batch_size": 8, "lr": 1e-3},
         "sampler": {"num_steps": 4},
@@ -24,10 +24,10 @@ def make_config(path, out, reward, **sections):
     return from_dict(data)
 
 
-def trainer_for(path, out, reward, **sections):
+def trainer_for(path, out, reward_name, **sections):
     from flowgrpo.trainer import Trainer
 
-    return Trainer(make_config(path, out, reward, **sections))
+    return Trainer(make_config(path, out, reward_name, **sections))
 
 
 def snapshot(trainer):
@@ -143,3 +143,18 @@ def test_resume_auto_continues_from_checkpoint(tiny_sd3_dir, tmp_path, brightnes
     steps = [r["step"] for r in read_metrics(tmp_path)]
     assert steps == [0, 1, 2, 3]  # continued at step 3, no restart at 0
     assert (tmp_path / "checkpoints" / "step_3" / "state.json").is_file()
+
+
+@pytest.mark.slow
+def test_async_rewards_give_the_same_metrics_as_inline(tiny_sd3_dir, tmp_path, brightness_reward):
+    from flowgrpo.tracking import read_metrics
+
+    rows = []
+    for workers in (0, 2):
+        out = tmp_path / f"w{workers}"
+        trainer_for(tiny_sd3_dir, out, brightness_reward, run={"epochs": 2, "save_every": 0},
+                    reward={"async_workers": workers},
+                    train={"sample_batch_size": 4}).train()  # two chunks: real overlap
+        rows.append([{k: v for k, v in r.items() if not k.startswith("time/")}
+                     for r in read_metrics(out)])
+    assert rows[0] == rows[1]
