@@ -12,12 +12,10 @@ from pathlib import Path
 
 import torch
 
+from pipelines.toy import digit_prompt
+
 Prompt = tuple[str, dict]
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def digit_prompt(d: int) -> str:
-    return f"a handwritten digit {d}"
 
 
 BUILTIN = {
