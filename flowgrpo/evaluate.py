@@ -92,8 +92,9 @@ class Evaluator:
                              cfg.model.guidance,
                              cfg.train.sample_batch_size or cfg.train.batch_size,
                              autocast=self.autocast)
+        per_prompt = cfg.data.eval_images_per_prompt  # chunks keep a prompt's images together
         out = cat_rewards([self.rewards.score(media[sl], prompts[sl], [m for _, m, _ in mine[sl]])
-                           for sl in chunks(len(mine), 64)])
+                           for sl in chunks(len(mine), max(64 // per_prompt, 1) * per_prompt)])
         # shards may differ in size: reduce sums and counts, not the scores themselves
         parts = {"reward": out.scores, **(out.components or {})}
         sums = torch.tensor([float(v.sum()) for v in parts.values()] + [float(len(mine))],

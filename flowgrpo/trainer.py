@@ -155,6 +155,8 @@ class Trainer:
         trained = self.trained_steps(epoch)
         trajs, pending = [], []
         size = cfg.train.sample_batch_size or cfg.train.batch_size
+        if self.rewards.groupwise:  # a group-wise reward must see whole groups in each chunk
+            size = max(size // k, 1) * k
         cond_all = self.encode(texts)  # prompt encodings: once per batch, not per chunk
         with self.offloaded(("vae",)):
             for sl in chunks(len(texts), size):
