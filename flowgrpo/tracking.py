@@ -80,6 +80,10 @@ class Tracker:
         from torchvision.utils import save_image
 
         images = media[:, 0] if kind == "video" else media
+        if images.shape[-1] < 64:  # tiny images (the toy's 16 px) are enlarged to be seen
+            factor = -(-64 // images.shape[-1])
+            images = torch.nn.functional.interpolate(images.float(), scale_factor=factor,
+                                                     mode="nearest")
         path = folder / f"{name}_{step:05d}.png"
         save_image(images.float().cpu(), path, nrow=nrow, padding=1)
         if self._tb is not None:
