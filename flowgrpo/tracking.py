@@ -67,7 +67,8 @@ class Tracker:
 
     def save_media(self, step: int, name: str, media: torch.Tensor, kind: str,
                    sample_rate: int | None = None, nrow: int = 8) -> Path | None:
-        """Save a batch as an image grid PNG (video: first-frame grid; audio: WAV per sample)."""
+        """Save a batch: images as a grid PNG; video as a first-frame grid PNG plus an animated
+        GIF and a frame grid per sample (the first ``nrow``); audio as one WAV per sample."""
         if not self.enabled:
             return None
         folder = self.run_dir / "samples"
@@ -77,6 +78,11 @@ class Tracker:
             for i, clip in enumerate(media[:nrow]):
                 save_wav(clip, sample_rate, folder / f"{name}_{step:05d}_{i}.wav")
             return folder
+        if kind == "video":
+            from pipelines.media_io import save_video
+
+            for i, video in enumerate(media[:nrow]):
+                save_video(video, folder / f"{name}_{step:05d}_{i}")
         from torchvision.utils import save_image
 
         images = media[:, 0] if kind == "video" else media
