@@ -42,6 +42,24 @@ def pooled(output: Any) -> torch.Tensor:
     return output if isinstance(output, torch.Tensor) else output.pooler_output
 
 
+@torch.no_grad()
+def hf_text_features(model: Any, tokenizer: Any, texts: list[str], batch_size: int,
+                     max_length: int, device: torch.device | str) -> torch.Tensor:
+    """``N`` strings -> L2-normalized ``get_text_features`` embeddings ``[N, D]`` float32
+    of a transformers dual encoder (CLIP, PickScore, CLAP), batched and truncated."""
+    out = []
+    for i in range(0, len(texts), batch_size):
+        tokens = tokenizer(
+            texts[i : i + batch_size], padding=True, truncation=True, max_length=max_length,
+            return_tensors="pt",
+        ).to(device)
+        feats = model.get_text_features(
+            input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"]
+        )
+        out.append(pooled(feats).float())
+    return torch.nn.functional.normalize(torch.cat(out), dim=-1)
+
+
 class OpenClipEncoder:
     """An open_clip model plus its tokenizer and preprocess config, embedding in batches.
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .base import RewardOutput, register
-from .clip import cosine_scores, pick_device, pooled
+from .clip import cosine_scores, hf_text_features, pick_device, pooled
 from .media import Media, check_batch, require
 
 PICKSCORE_NORMALIZER = 26.0
@@ -70,20 +70,10 @@ class HFClipEncoder:
             out.append(pooled(feats).float())
         return torch.nn.functional.normalize(torch.cat(out), dim=-1)
 
-    @torch.no_grad()
     def encode_texts(self, texts: list[str]) -> torch.Tensor:
         """``N`` strings -> L2-normalized embeddings ``[N, D]`` float32 (truncated to the model)."""
-        out = []
-        for i in range(0, len(texts), self.batch_size):
-            tokens = self.tokenizer(
-                texts[i : i + self.batch_size], padding=True, truncation=True,
-                max_length=self.max_length, return_tensors="pt",
-            ).to(self.device)
-            feats = self.model.get_text_features(
-                input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"]
-            )
-            out.append(pooled(feats).float())
-        return torch.nn.functional.normalize(torch.cat(out), dim=-1)
+        return hf_text_features(self.model, self.tokenizer, texts, self.batch_size,
+                                self.max_length, self.device)
 
     def logit_scale(self) -> float:
         """The model's learned temperature, ``exp(logit_scale)``."""
