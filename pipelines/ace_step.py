@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .base import Cond, FlowAdapter, absent_components, register
+from .base import Cond, FlowAdapter, load_pipeline, register
 
 GUIDANCE_MODES = ("apg", "cfg")
 
@@ -93,12 +93,8 @@ class AceStepAdapter(FlowAdapter):
             )
         if audio_duration <= 0 or shift <= 0:
             raise ValueError("ace_step: audio_duration and shift must be positive")
-        dtype = getattr(torch, torch_dtype) if isinstance(torch_dtype, str) else torch_dtype
-        if pipeline is None:
-            if path_or_id is None:
-                raise ValueError("ace_step needs a hub id or a local folder (or a built pipeline)")
-            kwargs = {**absent_components(AceStepPipeline, path_or_id), **from_pretrained_kwargs}
-            pipeline = AceStepPipeline.from_pretrained(path_or_id, dtype=dtype, **kwargs)
+        pipeline = load_pipeline(AceStepPipeline, "ace_step", path_or_id, torch_dtype, pipeline,
+                                 **from_pretrained_kwargs)
         self.pipeline = pipeline
         self.transformer = pipeline.transformer
         self.sample_rate = pipeline.sample_rate

@@ -155,6 +155,20 @@ class FlowAdapter(ABC):
         return self
 
 
+def load_pipeline(pipeline_cls: Any, family: str, path_or_id: str | None,
+                  torch_dtype: str | torch.dtype, pipeline: Any = None, **kwargs: Any) -> Any:
+    """``pipeline`` when given, else ``pipeline_cls.from_pretrained(path_or_id)`` in
+    ``torch_dtype`` (a name such as ``"bfloat16"`` or a torch dtype), with the components a local
+    folder omits passed as ``None``."""
+    if pipeline is not None:
+        return pipeline
+    if path_or_id is None:
+        raise ValueError(f"{family} needs a hub id or a local folder (or a built `pipeline`)")
+    dtype = getattr(torch, torch_dtype) if isinstance(torch_dtype, str) else torch_dtype
+    kwargs = {**absent_components(pipeline_cls, path_or_id), **kwargs}
+    return pipeline_cls.from_pretrained(path_or_id, dtype=dtype, **kwargs)
+
+
 def absent_components(pipeline_cls: Any, path_or_id: str) -> dict[str, None]:
     """``{name: None}`` for the components a local pipeline folder does not hold.
 

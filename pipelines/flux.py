@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import Cond, FlowAdapter, absent_components, register
+from .base import Cond, FlowAdapter, load_pipeline, register
 
 
 def pack_latents(x: torch.Tensor) -> torch.Tensor:
@@ -82,12 +82,8 @@ class FluxAdapter(FlowAdapter):
     ) -> None:
         from diffusers import FluxPipeline
 
-        dtype = getattr(torch, torch_dtype) if isinstance(torch_dtype, str) else torch_dtype
-        if pipeline is None:
-            if path_or_id is None:
-                raise ValueError("flux needs a hub id or a local folder (or a built `pipeline`)")
-            kwargs = {**absent_components(FluxPipeline, path_or_id), **from_pretrained_kwargs}
-            pipeline = FluxPipeline.from_pretrained(path_or_id, dtype=dtype, **kwargs)
+        pipeline = load_pipeline(FluxPipeline, "flux", path_or_id, torch_dtype, pipeline,
+                                 **from_pretrained_kwargs)
         self.pipeline = pipeline
         self.transformer = pipeline.transformer
         self.vae_scale = pipeline.vae_scale_factor

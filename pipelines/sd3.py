@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .base import Cond, FlowAdapter, absent_components, register
+from .base import Cond, FlowAdapter, load_pipeline, register
 
 
 @register("sd3")
@@ -47,15 +47,8 @@ class SD3Adapter(FlowAdapter):
     ) -> None:
         from diffusers import StableDiffusion3Pipeline
 
-        dtype = getattr(torch, torch_dtype) if isinstance(torch_dtype, str) else torch_dtype
-        if pipeline is None:
-            if path_or_id is None:
-                raise ValueError("sd3 needs a hub id or a local folder (or a built `pipeline`)")
-            kwargs = {**absent_components(StableDiffusion3Pipeline, path_or_id),
-                      **from_pretrained_kwargs}
-            pipeline = StableDiffusion3Pipeline.from_pretrained(
-                path_or_id, dtype=dtype, **kwargs
-            )
+        pipeline = load_pipeline(StableDiffusion3Pipeline, "sd3", path_or_id, torch_dtype, pipeline,
+                                 **from_pretrained_kwargs)
         self.pipeline = pipeline
         self.transformer = pipeline.transformer
         self.vae_scale = 2 ** (len(pipeline.vae.config.block_out_channels) - 1)

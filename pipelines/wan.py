@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .base import Cond, FlowAdapter, absent_components, register
+from .base import Cond, FlowAdapter, load_pipeline, register
 
 
 @register("wan")
@@ -61,12 +61,8 @@ class WanAdapter(FlowAdapter):
     ) -> None:
         from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
-        dtype = getattr(torch, torch_dtype) if isinstance(torch_dtype, str) else torch_dtype
-        if pipeline is None:
-            if path_or_id is None:
-                raise ValueError("wan needs a hub id or a local folder (or a built `pipeline`)")
-            kwargs = {**absent_components(WanPipeline, path_or_id), **from_pretrained_kwargs}
-            pipeline = WanPipeline.from_pretrained(path_or_id, dtype=dtype, **kwargs)
+        pipeline = load_pipeline(WanPipeline, "wan", path_or_id, torch_dtype, pipeline,
+                                 **from_pretrained_kwargs)
         if pipeline.transformer_2 is not None or pipeline.config.expand_timesteps:
             raise ValueError("wan: Wan2.2 two-expert or per-token-timestep pipelines: unsupported")
         self.pipeline = pipeline
