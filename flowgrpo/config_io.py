@@ -8,6 +8,7 @@ an unknown key, a wrong type or a bad value fails before any model is loaded.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,10 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
     known = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(known))
     if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
         raise ConfigError(
-            f"unknown key {prefix}{unknown[0]!r}; valid keys: {', '.join(sorted(known))}"
+            f"unknown key {prefix}{unknown[0]}{hint}; valid keys: {', '.join(sorted(known))}"
         )
     kwargs = {}
     for name, value in data.items():

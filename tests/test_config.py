@@ -32,7 +32,7 @@ def test_overrides_parse_values_as_yaml():
 
 
 BAD = [
-    ({"train": {"lrr": 1e-3}}, ["train.lrr", "valid keys", "lr"]),
+    ({"train": {"lrr": 1e-3}}, ["train.lrr", "did you mean train.lr?", "valid keys"]),
     ({"modle": {}}, ["modle", "valid keys", "model"]),
     ({"train": {"lr": "fast"}}, ["train.lr", "float", "fast"]),
     ({"train": {"group_size": 2.5}}, ["train.group_size", "int"]),
