@@ -100,9 +100,13 @@ class Trainer:
 
     # ----------------------------------------------------------------- phases of an epoch
     def trained_steps(self, epoch: int) -> list[int]:
-        """Stochastic, trained step indices at this epoch (all but the last without a window)."""
+        """Stochastic, trained step indices at this epoch: the window's, or without a window
+        every step the sampler calls trainable (never the last, into sigma = 0)."""
         n = self.cfg.sampler.num_steps
-        return self.window.steps(n, epoch) if self.window else list(range(n - 1))
+        if self.window:
+            return self.window.steps(n, epoch)
+        sigmas = self.adapter.schedule(n).tolist()
+        return [k for k in range(n - 1) if self.sampler.trainable(sigmas[k], sigmas[k + 1])]
 
     def encode(self, prompts: list[str]):
         """Encode each distinct prompt once and expand to the batch; encodings are cached across

@@ -127,6 +127,11 @@ class Sampler:
         """True when :meth:`transition` calls ``velocity_fn`` (a second model call per step)."""
         return False
 
+    def trainable(self, sigma: float, sigma_next: float) -> bool:
+        """Whether the step ``sigma -> sigma_next`` is well conditioned enough to train by its
+        ratio (the trainer's default trained steps skip the others; explicit windows do not)."""
+        return sigma_next > 0.0
+
     def transition(
         self,
         v: Tensor,

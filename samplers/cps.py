@@ -26,14 +26,24 @@ class CoefficientsPreserving(Sampler):
     Args:
         noise_level: ``a`` in [0, 1]; the fraction of ``s'`` that is fresh noise is
             ``sin(a * pi / 2)`` (0: the Euler step, 1: all fresh noise). Default 0.7.
+        min_train_sigma: steps into ``s' <`` this are not trained by default. The std is
+            proportional to ``s'``, so the step into diffusers' last nonzero sigma (``1/1000``
+            times the shift) has a std ~100x smaller than the others and its log-prob gradient
+            swamps the rest (measured on the digits toy: 3.8 vs <= 0.04 per step).
     """
 
     name = "cps"
 
-    def __init__(self, noise_level: float = 0.7) -> None:
+    def __init__(self, noise_level: float = 0.7, min_train_sigma: float = 0.02) -> None:
         if not 0.0 <= noise_level <= 1.0:
             raise ValueError(f"cps noise_level must be in [0, 1], got {noise_level}")
+        if not 0.0 <= min_train_sigma < 1.0:
+            raise ValueError(f"cps min_train_sigma must be in [0, 1), got {min_train_sigma}")
         self.noise_level = float(noise_level)
+        self.min_train_sigma = float(min_train_sigma)
+
+    def trainable(self, sigma: float, sigma_next: float) -> bool:
+        return sigma_next >= max(self.min_train_sigma, 1e-12)
 
     @property
     def is_stochastic(self) -> bool:
