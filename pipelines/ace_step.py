@@ -119,7 +119,7 @@ class AceStepAdapter(FlowAdapter):
     def latent_shape(self) -> tuple[int, int]:
         """``(T, D)`` of one latent: frames at ``latents_per_second`` and acoustic channels."""
         frames = math.ceil(self.audio_duration * self.pipeline.latents_per_second)
-        return frames, self.transformer.config.audio_acoustic_hidden_dim
+        return frames, self.pipeline.transformer.config.audio_acoustic_hidden_dim
 
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> Cond:

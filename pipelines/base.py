@@ -139,6 +139,10 @@ class FlowAdapter(ABC):
         grid = F.interpolate(regions[:, None].float(), size=latents.shape[-2:], mode="area")
         return grid
 
+    def _model(self, **inputs: Any) -> torch.Tensor:
+        """One transformer call returning its first output (the velocity)."""
+        return self.transformer(**inputs, return_dict=False)[0]
+
     def move_components(self, names: tuple[str, ...], device: torch.device | str) -> None:
         """Move the named pipeline components (those present) to ``device``."""
         for name in names:
@@ -153,6 +157,28 @@ class FlowAdapter(ABC):
     def to(self, device: torch.device | str) -> FlowAdapter:
         self.pipeline.to(device)
         return self
+
+
+def guided_call(
+    call: Callable[..., torch.Tensor],
+    scale: float,
+    inputs: dict[str, torch.Tensor | None],
+    negative: dict[str, torch.Tensor],
+    **shared: Any,
+) -> torch.Tensor:
+    """Classifier-free guidance as ONE batched model call.
+
+    With ``scale > 1``, every batch-first tensor of ``inputs`` is doubled as ``[negative;
+    positive]`` (the negative's own tensor where ``negative`` has the key, else the same tensor),
+    the model runs once, and ``neg + scale * (pos - neg)`` is returned; otherwise the model runs on
+    ``inputs`` alone. ``shared`` arguments (position ids, flags) pass through unchanged.
+    """
+    if scale <= 1.0:
+        return call(**inputs, **shared)
+    doubled = {k: None if v is None else torch.cat([negative.get(k, v), v])
+               for k, v in inputs.items()}
+    neg, pos = call(**doubled, **shared).chunk(2)
+    return neg + scale * (pos - neg)
 
 
 def load_pipeline(pipeline_cls: Any, family: str, path_or_id: str | None,

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import Cond, FlowAdapter, load_pipeline, register
+from .base import Cond, FlowAdapter, guided_call, load_pipeline, register
 
 
 def pack_latents(x: torch.Tensor) -> torch.Tensor:
@@ -107,7 +107,7 @@ class FluxAdapter(FlowAdapter):
     def latent_shape(self) -> tuple[int, int]:
         """``(L, 4C)`` of one packed latent."""
         h, w = self.latent_grid()
-        return (h // 2) * (w // 2), self.transformer.config.in_channels
+        return (h // 2) * (w // 2), self.pipeline.transformer.config.in_channels
 
     # -- interface ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -131,7 +131,7 @@ class FluxAdapter(FlowAdapter):
         from diffusers.utils.torch_utils import randn_tensor
 
         h, w = self.latent_grid()
-        c = self.transformer.config.in_channels // 4
+        c = self.pipeline.transformer.config.in_channels // 4
         x = randn_tensor((n, c, h, w), generator=generator, device=self.device, dtype=torch.float32)
         return pack_latents(x)
 
@@ -174,32 +174,20 @@ class FluxAdapter(FlowAdapter):
         n_train = self.pipeline.scheduler.config.num_train_timesteps
         # The pipeline feeds (1000 * sigma).to(latent dtype) / 1000: same rounding here.
         timestep = (sigma * n_train).to(self.dtype) / n_train
-        embeds, pooled = t["prompt_embeds"], t["pooled"]
         g = None
-        if self.transformer.config.guidance_embeds:
+        if self.pipeline.transformer.config.guidance_embeds:
             g = torch.full((b,), float(guidance), device=x.device, dtype=torch.float32)
-        cfg = self.true_cfg_scale > 1.0
-        if cfg:  # one batched call: negative branch first
-            x = torch.cat([x, x])
-            timestep = torch.cat([timestep, timestep])
-            g = None if g is None else torch.cat([g, g])
-            embeds = torch.cat([t["neg_prompt_embeds"], embeds])
-            pooled = torch.cat([t["neg_pooled"], pooled])
-        text_ids = torch.zeros(embeds.shape[1], 3, device=x.device, dtype=self.dtype)
-        out = self.transformer(
-            hidden_states=x.to(self.dtype),
-            timestep=timestep,
-            guidance=g,
-            pooled_projections=pooled,
-            encoder_hidden_states=embeds,
-            txt_ids=text_ids,
-            img_ids=self.image_ids(x.device),
-            return_dict=False,
-        )[0]
-        if cfg:
-            neg, pos = out.chunk(2)
-            out = neg + self.true_cfg_scale * (pos - neg)
-        return out
+        text_ids = torch.zeros(t["prompt_embeds"].shape[1], 3, device=x.device, dtype=self.dtype)
+        negative = {}
+        if self.true_cfg_scale > 1.0:
+            negative = {"encoder_hidden_states": t["neg_prompt_embeds"],
+                        "pooled_projections": t["neg_pooled"]}
+        return guided_call(
+            self._model, self.true_cfg_scale,
+            {"hidden_states": x.to(self.dtype), "timestep": timestep, "guidance": g,
+             "pooled_projections": t["pooled"], "encoder_hidden_states": t["prompt_embeds"]},
+            negative, txt_ids=text_ids, img_ids=self.image_ids(x.device),
+        )
 
     @torch.no_grad()
     def decode(self, x: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .base import Cond, FlowAdapter, load_pipeline, register
+from .base import Cond, FlowAdapter, guided_call, load_pipeline, register
 
 
 @register("sd3")
@@ -96,24 +96,13 @@ class SD3Adapter(FlowAdapter):
         t = cond.tensors
         sigma = torch.as_tensor(sigma, dtype=torch.float32, device=x.device).expand(x.shape[0])
         timestep = sigma * self.pipeline.scheduler.config.num_train_timesteps
-        embeds, pooled = t["prompt_embeds"], t["pooled"]
-        cfg = guidance > 1.0
-        if cfg:  # one batched call for the unconditional and the conditional branch
-            x = torch.cat([x, x])
-            timestep = torch.cat([timestep, timestep])
-            embeds = torch.cat([t["neg_prompt_embeds"], embeds])
-            pooled = torch.cat([t["neg_pooled"], pooled])
-        out = self.transformer(
-            hidden_states=x.to(self.dtype),
-            timestep=timestep,
-            encoder_hidden_states=embeds,
-            pooled_projections=pooled,
-            return_dict=False,
-        )[0]
-        if cfg:
-            uncond, text = out.chunk(2)
-            out = uncond + guidance * (text - uncond)
-        return out
+        return guided_call(
+            self._model, guidance,
+            {"hidden_states": x.to(self.dtype), "timestep": timestep,
+             "encoder_hidden_states": t["prompt_embeds"], "pooled_projections": t["pooled"]},
+            {"encoder_hidden_states": t["neg_prompt_embeds"],
+             "pooled_projections": t["neg_pooled"]},
+        )
 
     @torch.no_grad()
     def decode(self, x: torch.Tensor) -> torch.Tensor:

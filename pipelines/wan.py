@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .base import Cond, FlowAdapter, load_pipeline, register
+from .base import Cond, FlowAdapter, guided_call, load_pipeline, register
 
 
 @register("wan")
@@ -69,7 +69,7 @@ class WanAdapter(FlowAdapter):
         self.transformer = pipeline.transformer
         self.scale_t = pipeline.vae_scale_factor_temporal
         self.scale_s = pipeline.vae_scale_factor_spatial
-        factor = self.scale_s * self.transformer.config.patch_size[1]
+        factor = self.scale_s * self.pipeline.transformer.config.patch_size[1]
         if height % factor or width % factor:
             raise ValueError(f"wan: height and width must be multiples of {factor}")
         if num_frames % self.scale_t != 1:
@@ -91,7 +91,7 @@ class WanAdapter(FlowAdapter):
     def latent_shape(self) -> tuple[int, int, int, int]:
         """``(C, F', h, w)`` of one latent."""
         frames = (self.num_frames - 1) // self.scale_t + 1
-        c = self.transformer.config.in_channels
+        c = self.pipeline.transformer.config.in_channels
         return c, frames, self.height // self.scale_s, self.width // self.scale_s
 
     @torch.no_grad()
@@ -124,22 +124,12 @@ class WanAdapter(FlowAdapter):
         t = cond.tensors
         sigma = torch.as_tensor(sigma, dtype=torch.float32, device=x.device).expand(x.shape[0])
         timestep = sigma * self.scheduler.config.num_train_timesteps
-        embeds = t["prompt_embeds"]
-        cfg = guidance > 1.0
-        if cfg:  # one batched call: negative branch first
-            x = torch.cat([x, x])
-            timestep = torch.cat([timestep, timestep])
-            embeds = torch.cat([t["neg_prompt_embeds"], embeds])
-        out = self.transformer(
-            hidden_states=x.to(self.dtype),
-            timestep=timestep,
-            encoder_hidden_states=embeds,
-            return_dict=False,
-        )[0]
-        if cfg:
-            neg, pos = out.chunk(2)
-            out = neg + guidance * (pos - neg)
-        return out
+        return guided_call(
+            self._model, guidance,
+            {"hidden_states": x.to(self.dtype), "timestep": timestep,
+             "encoder_hidden_states": t["prompt_embeds"]},
+            {"encoder_hidden_states": t["neg_prompt_embeds"]},
+        )
 
     @torch.no_grad()
     def decode(self, x: torch.Tensor) -> torch.Tensor:
