@@ -21,6 +21,13 @@ import torch.nn.functional as F
 
 from flowgrpo.registry import Registry
 
+# The attention projections of both streams of a joint-attention (MMDiT) block: SD3's and
+# FLUX's LoRA recipes train these.
+MMDIT_LORA_TARGETS = (
+    "attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0",
+    "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
+)
+
 
 @dataclass
 class Cond:

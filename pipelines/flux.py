@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import Cond, FlowAdapter, guided_call, load_pipeline, register
+from .base import MMDIT_LORA_TARGETS, Cond, FlowAdapter, guided_call, load_pipeline, register
 
 
 def pack_latents(x: torch.Tensor) -> torch.Tensor:
@@ -62,10 +62,7 @@ class FluxAdapter(FlowAdapter):
 
     # Attention projections of both streams, as in common FLUX LoRA recipes (the single-stream
     # blocks' to_q/k/v match ``attn.to_*`` too; they have no output projection of their own).
-    default_lora_targets = (
-        "attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0",
-        "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
-    )
+    default_lora_targets = MMDIT_LORA_TARGETS
 
     def __init__(
         self,

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .base import Cond, FlowAdapter, guided_call, load_pipeline, register
+from .base import MMDIT_LORA_TARGETS, Cond, FlowAdapter, guided_call, load_pipeline, register
 
 
 @register("sd3")
@@ -28,10 +28,7 @@ class SD3Adapter(FlowAdapter):
         pipeline: an already built ``StableDiffusion3Pipeline`` (tests, custom components).
     """
 
-    default_lora_targets = (
-        "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
-        "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v",
-    )
+    default_lora_targets = MMDIT_LORA_TARGETS
 
     def __init__(
         self,
