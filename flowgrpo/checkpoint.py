@@ -9,7 +9,8 @@
   ``ema.safetensors`` when EMA is on;
 - ``optimizer.safetensors`` + ``optimizer.json``: optimizer tensors and hyper-parameters;
 - ``rng_rank<R>.safetensors``: torch RNG states of each process;
-- ``state.json``: the epoch (= step) to continue from, the window position, the config.
+- ``state.json``: the step (= epochs done) to continue from (the window position is a function
+  of it) and the config.
 
 A checkpoint is first written to a temporary sibling folder and then renamed, so a crash never
 leaves a half-written ``step_<N>``.
@@ -148,7 +149,7 @@ def save_trainer(trainer: Trainer, step: int) -> Path | None:
         tensors, meta_opt = optimizer_to_flat(trainer.optimizer.state_dict())
         save_tensors(tmp / "optimizer.safetensors", tensors)
         write_json(tmp / "optimizer.json", meta_opt)
-        write_json(tmp / "state.json", {"step": step, "epoch": step,
+        write_json(tmp / "state.json", {"step": step,
                                              "world_size": trainer.world,
                                              "config": to_dict(trainer.cfg)})
         final = commit(tmp, trainer.cfg.run.keep_checkpoints)
@@ -175,7 +176,7 @@ def load_trainer(trainer: Trainer, folder: Path) -> None:
     if trainer.ema is not None and (folder / "ema.safetensors").is_file():
         trainer.ema.load_state_dict(load_file(str(folder / "ema.safetensors")))
     load_rng(folder, trainer.rank)
-    trainer.start_epoch = int(state["epoch"])
+    trainer.start_epoch = int(state["step"])  # one epoch per step
     if trainer.acc.is_main_process:
         print(f"resuming from {folder} at step {trainer.start_epoch}")
 

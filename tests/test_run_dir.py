@@ -27,7 +27,7 @@ def test_tracker_saves_every_modality(tmp_path):
 def test_checkpoint_commit_is_atomic_and_keeps_the_newest(tmp_path):
     for step in (1, 2, 3):
         tmp = ckpt.begin(tmp_path, step)
-        ckpt.write_json(tmp / "state.json", {"epoch": step})
+        ckpt.write_json(tmp / "state.json", {"step": step})
         assert ckpt.latest_checkpoint(tmp_path) == (None if step == 1 else
                                                      tmp_path / "checkpoints" / f"step_{step - 1}")
         ckpt.commit(tmp, keep=2)
