@@ -7,7 +7,6 @@ aggregation, normalized one by one before they are summed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import Future
 
 import torch
@@ -70,26 +69,21 @@ class RewardRunner:
         """Score a batch synchronously (eval)."""
         return self.reward(self.media(data.detach()), prompts, metadata)
 
-    def for_advantages(self, out: RewardOutput, gather: Callable) -> torch.Tensor | dict:
-        """What the advantage estimator gets: gathered scores, or gathered components when each
-        reward is normalized on its own (``normalize_then_sum``)."""
+    def for_advantages(self, out: RewardOutput, acc) -> torch.Tensor | dict:
+        """What the advantage estimator gets from every process (``acc``: the accelerate
+        ``Accelerator``): the scores, or the components when each reward is normalized on its own
+        (``normalize_then_sum``)."""
         if self.cfg.aggregation == "normalize_then_sum" and self.weights:
-            return {k: gather(out.components[k].to(self._device(gather))).float().cpu()
+            return {k: acc.gather(out.components[k].to(acc.device)).float().cpu()
                     for k in self.weights}
-        return gather(out.scores.to(self._device(gather))).float().cpu()
+        return acc.gather(out.scores.to(acc.device)).float().cpu()
 
-    def metrics(self, out: RewardOutput, gather: Callable, prefix: str = "reward") -> dict:
+    def metrics(self, out: RewardOutput, acc, prefix: str = "reward") -> dict:
         """``reward/mean``, ``reward/std`` and ``reward/<component>`` over all processes."""
-        device = self._device(gather)
-        scores = gather(out.scores.to(device)).float()
+        scores = acc.gather(out.scores.to(acc.device)).float()
         metrics = {f"{prefix}/mean": scores.mean().item(), f"{prefix}/std": scores.std().item()}
         for key, value in (out.components or {}).items():
-            metrics[f"{prefix}/{key}"] = gather(value.to(device)).float().mean().item()
+            metrics[f"{prefix}/{key}"] = acc.gather(value.to(acc.device)).float().mean().item()
         for key, value in out.info.items():
             metrics[f"{prefix}/{key}"] = float(value)
         return metrics
-
-    @staticmethod
-    def _device(gather: Callable) -> torch.device:
-        owner = getattr(gather, "__self__", None)
-        return getattr(owner, "device", torch.device("cpu"))

@@ -183,14 +183,14 @@ class Trainer:
         cfg = self.cfg
         gather = self.acc.gather
         groups = gather(batch.groups.to(self.acc.device))
-        rewards = self.rewards.for_advantages(batch.reward, gather)
+        rewards = self.rewards.for_advantages(batch.reward, self.acc)
         adv, metrics = adv_lib.compute_advantages(
             rewards, groups, estimator=cfg.train.advantage, adv_clip=cfg.train.adv_clip or None,
             weights=self.rewards.weights, aggregation=cfg.reward.aggregation,
         )
         n = len(batch.groups)
         mine = slice(self.rank * n, (self.rank + 1) * n)
-        metrics.update(self.rewards.metrics(batch.reward, gather))
+        metrics.update(self.rewards.metrics(batch.reward, self.acc))
         if batch.reward.regions is not None:
             amap = region_advantages(gather(batch.reward.regions.to(self.acc.device)).cpu(),
                                      groups.cpu(), cfg.train.advantage, cfg.train.adv_clip)
