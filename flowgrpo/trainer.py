@@ -99,14 +99,14 @@ class Trainer:
             self.load(checkpoint)
 
     # ----------------------------------------------------------------- phases of an epoch
-    def trained_steps(self, epoch: int) -> list[int]:
+    def trained_steps(self, epoch: int, sigmas: torch.Tensor) -> list[int]:
         """Stochastic, trained step indices at this epoch: the window's, or without a window
-        every step the sampler calls trainable (never the last, into sigma = 0)."""
-        n = self.cfg.sampler.num_steps
+        every step of ``sigmas`` the sampler calls trainable (never the last, into sigma = 0)."""
+        n = len(sigmas) - 1
         if self.window:
             return self.window.steps(n, epoch)
-        sigmas = self.adapter.schedule(n).tolist()
-        return [k for k in range(n - 1) if self.sampler.trainable(sigmas[k], sigmas[k + 1])]
+        s = sigmas.tolist()
+        return [k for k in range(n - 1) if self.sampler.trainable(s[k], s[k + 1])]
 
     def encode(self, prompts: list[str]):
         """Encode each distinct prompt once and expand to the batch; encodings are cached across
@@ -156,7 +156,7 @@ class Trainer:
             hash_seed(cfg.run.seed, epoch, self.rank, 1)
         )
         sigmas = self.adapter.schedule(cfg.sampler.num_steps)
-        trained = self.trained_steps(epoch)
+        trained = self.trained_steps(epoch, sigmas)
         trajs, pending = [], []
         size = cfg.train.sample_batch_size or cfg.train.batch_size
         if self.rewards.groupwise:  # a group-wise reward must see whole groups in each chunk
