@@ -306,8 +306,9 @@ class Trainer:
                 metrics.update(self.evaluator.run(step))
             self.tracker.log(step, metrics)
             row = metrics
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}",
-                            kl=f"{metrics.get('train/kl', metrics['train/approx_kl']):.2e}",
+            # an epoch whose groups all had equal rewards trains nothing and has no loss metrics
+            kl = metrics.get("train/kl", metrics.get("train/approx_kl", float("nan")))
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kl=f"{kl:.2e}",
                             step_s=f"{t2 - t0:.1f}")
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.epochs:
                 self.save(step)

@@ -158,3 +158,18 @@ def test_async_rewards_give_the_same_metrics_as_inline(tiny_sd3_dir, tmp_path, b
         rows.append([{k: v for k, v in r.items() if not k.startswith("time/")}
                      for r in read_metrics(out)])
     assert rows[0] == rows[1]
+
+
+def test_an_epoch_with_only_equal_rewards_trains_nothing_and_logs(tiny_sd3_dir, tmp_path):
+    from flowgrpo.tracking import read_metrics
+    from reward_models import REWARDS, RewardOutput
+
+    REWARDS.register("constant_test")(lambda: lambda media, prompts, metadata: RewardOutput(
+        torch.ones(len(prompts))))
+    try:
+        trainer_for(tiny_sd3_dir, tmp_path, "constant_test",
+                    run={"epochs": 1, "save_every": 0, "progress": True}).train()
+    finally:
+        REWARDS._items.pop("constant_test")
+    row = read_metrics(tmp_path)[-1]
+    assert row["rollout/zero_std_frac"] == 1.0 and row["train/samples"] == 0
