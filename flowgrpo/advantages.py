@@ -5,13 +5,17 @@ other samples of its group (GRPO, Shao et al. 2024, "DeepSeekMath"):
 
     A_i = (r_i - mean_{g(i)}) / (std + eps)
 
+Rewards may carry extra axes, ``[B, *E]``: per trained step ``[B, J]`` (TurningPoint-GRPO), per
+view ``[B, V]`` (MV-GRPO), per region ``[B, h, w]`` (SpatialFlow-GRPO). Every column (one index
+into ``E``) is normalised within its group on its own, by the same code as a ``[B]`` reward.
+
 The estimators differ only in the ``std`` they divide by:
 
 =============  =======================================  =========================================
 name           std                                      reference
 =============  =======================================  =========================================
 ``group``      population std of the sample's group     GRPO / Flow-GRPO (Liu et al. 2025)
-``global_std`` population std of the whole batch        Flow-GRPO's ``global_std`` option
+``global_std`` population std of the whole batch       Flow-GRPO's ``global_std`` option
 ``none``       no division (``A = r - mean_group``)     Dr.GRPO (Liu et al. 2025, "Understanding
                                                         R1-Zero-like training")
 =============  =======================================  =========================================
@@ -58,12 +62,15 @@ def get(name: str) -> Estimator:
 
 
 def _check(rewards: Tensor, groups: Tensor) -> tuple[Tensor, Tensor]:
-    """Validate shapes and values; return ``(rewards float32 [B], groups long [B])``."""
-    if rewards.ndim != 1 or rewards.numel() == 0:
-        raise ValueError(f"rewards must be a non-empty 1-D tensor [B], got shape {rewards.shape}")
-    if groups.shape != rewards.shape:
+    """Validate shapes and values; return ``(rewards float32 [B, *E], groups long [B])``."""
+    if rewards.ndim == 0 or rewards.numel() == 0:
         raise ValueError(
-            f"groups must have the rewards' shape {tuple(rewards.shape)}, got {tuple(groups.shape)}"
+            f"rewards must be a non-empty tensor [B] or [B, *E], got shape {tuple(rewards.shape)}"
+        )
+    if groups.shape != rewards.shape[:1]:
+        raise ValueError(
+            f"groups must have shape [B] = {tuple(rewards.shape[:1])} (the rewards' first "
+            f"dim), got {tuple(groups.shape)}"
         )
     if groups.is_floating_point() or groups.is_complex():
         raise ValueError(f"groups must be an integer tensor of group ids, got {groups.dtype}")
@@ -75,29 +82,38 @@ def _check(rewards: Tensor, groups: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _group_stats(rewards: Tensor, groups: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-sample group statistics.
+    """Per-sample group statistics of every column.
+
+    Args:
+        rewards: ``[B, *E]`` float32; groups: ``[B]`` long.
 
     Returns:
-        ``(mean [B], std [B], constant [B] bool)``: the mean and population std of each sample's
-        group, and whether that group's rewards are all equal (exactly: max == min, so a constant
-        group is detected even when rounding makes its computed std a tiny non-zero number).
+        ``(mean, std, constant)``, each ``[B, *E]``: the mean and population std of the column
+        within each sample's group, and whether that group's column is all equal (exactly: max
+        == min, so a constant group is detected even when rounding makes its std a tiny number).
     """
+    shape = rewards.shape
+    flat = rewards.reshape(shape[0], -1)
     ids, inverse = torch.unique(groups, return_inverse=True)
-    num = ids.numel()
-    count = torch.zeros(num, device=rewards.device).index_add_(0, inverse, torch.ones_like(rewards))
-    mean = torch.zeros(num, device=rewards.device).index_add_(0, inverse, rewards) / count
-    dev = rewards - mean[inverse]
-    var = torch.zeros(num, device=rewards.device).index_add_(0, inverse, dev * dev) / count
-    high = torch.full((num,), -torch.inf, device=rewards.device)
-    low = torch.full((num,), torch.inf, device=rewards.device)
-    high = high.scatter_reduce(0, inverse, rewards, reduce="amax")
-    low = low.scatter_reduce(0, inverse, rewards, reduce="amin")
+    num, cols = ids.numel(), flat.shape[1]
+    index = inverse[:, None].expand_as(flat)
+    zeros = torch.zeros(num, cols, device=flat.device)
+    count = zeros.index_add(0, inverse, torch.ones_like(flat))
+    mean = zeros.index_add(0, inverse, flat) / count
+    dev = flat - mean[inverse]
+    var = zeros.index_add(0, inverse, dev * dev) / count
+    high = torch.full((num, cols), -torch.inf, device=flat.device)
+    low = torch.full((num, cols), torch.inf, device=flat.device)
+    high = high.scatter_reduce(0, index, flat, reduce="amax")
+    low = low.scatter_reduce(0, index, flat, reduce="amin")
     constant = (high == low)[inverse]
-    return mean[inverse], var.sqrt()[inverse], constant
+    return (mean[inverse].reshape(shape), var.sqrt()[inverse].reshape(shape),
+            constant.reshape(shape))
 
 
 def _centred(rewards: Tensor, groups: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(r - mean_group [B] with constant groups exactly 0, group std [B], rewards [B])``."""
+    """``(r - mean_group`` with constant groups exactly 0``, group std, rewards)``, each
+    ``[B, *E]``."""
     rewards, groups = _check(rewards, groups)
     mean, std, constant = _group_stats(rewards, groups)
     centred = torch.where(constant, torch.zeros_like(rewards), rewards - mean)
@@ -109,13 +125,15 @@ def group_advantages(rewards: Tensor, groups: Tensor, eps: float = 1e-4) -> Tens
     """GRPO advantages ``A_i = (r_i - mean_g) / (std_g + eps)``, population std of the group.
 
     Args:
-        rewards: ``[B]`` scalar rewards (any float dtype; computed in float32).
+        rewards: ``[B]`` scalar rewards or ``[B, *E]`` (each column normalised on its own; any
+            float dtype, computed in float32).
         groups: ``[B]`` integer group ids (samples of one prompt share an id; ids need not be
             contiguous or sorted).
         eps: added to the std so nearly-constant groups do not explode.
 
     Returns:
-        ``[B]`` float32 advantages; exactly 0 for samples of a constant-reward group.
+        Advantages shaped like ``rewards``, float32; exactly 0 where a group's column is
+        constant.
     """
     centred, std, _ = _centred(rewards, groups)
     return centred / (std + eps)
@@ -123,13 +141,14 @@ def group_advantages(rewards: Tensor, groups: Tensor, eps: float = 1e-4) -> Tens
 
 @ADVANTAGES.register("global_std")
 def global_std_advantages(rewards: Tensor, groups: Tensor, eps: float = 1e-4) -> Tensor:
-    """``A_i = (r_i - mean_g) / (std_batch + eps)``: group mean, population std of all B rewards.
+    """``A_i = (r_i - mean_g) / (std_batch + eps)``: group mean, population std of all B rewards
+    of the column.
 
     One scale for the whole batch keeps groups with a small spread from being inflated to the
     same magnitude as groups with a large one. Shapes as :func:`group_advantages`.
     """
     centred, _, rewards = _centred(rewards, groups)
-    return centred / (rewards.std(correction=0) + eps)
+    return centred / (rewards.std(dim=0, correction=0, keepdim=True) + eps)
 
 
 @ADVANTAGES.register("none")
@@ -164,11 +183,12 @@ def _as_named(
 
 
 def _constant_mask(values: list[Tensor], groups: Tensor) -> Tensor:
-    """``[B]`` bool: True where each of ``values`` is constant within the sample's group."""
+    """``[B]`` bool: True where every column of each of ``values`` is constant within the
+    sample's group."""
     mask = torch.ones(groups.shape, dtype=torch.bool, device=groups.device)
     for value in values:
         constant = _group_stats(*_check(value, groups))[2]
-        mask = mask.to(constant.device) & constant
+        mask = mask.to(constant.device) & constant.reshape(len(constant), -1).all(1)
     return mask
 
 
@@ -176,8 +196,8 @@ def zero_std_groups(rewards: Rewards, groups: Tensor) -> Tensor:
     """Mark the samples whose group carries no preference.
 
     Args:
-        rewards: ``[B]`` rewards, or a dict of named ``[B]`` rewards (then a group counts only
-            when every named reward is constant within it).
+        rewards: ``[B, *E]`` rewards, or a dict of named ones (then a group counts only when
+            every column of every named reward is constant within it).
         groups: ``[B]`` integer group ids.
 
     Returns:
@@ -202,7 +222,8 @@ def compute_advantages(
     """Advantages of one (gathered) batch of rollouts, with their rollout metrics.
 
     Args:
-        rewards: ``[B]`` rewards, or ``{name: [B]}`` named rewards combined with ``weights``.
+        rewards: ``[B, *E]`` rewards, or ``{name: [B, *E]}`` named rewards combined with
+            ``weights``; every column is normalised within its group on its own.
         groups: ``[B]`` integer group ids (one id per prompt).
         estimator: registered estimator name (``group``, ``global_std``, ``none``).
         adv_clip: advantages are clipped to ``[-adv_clip, adv_clip]``; ``None`` or 0 disables.
@@ -212,7 +233,8 @@ def compute_advantages(
 
             - ``sum_then_normalize``: ``A = est(sum_k w_k r_k)``; one normalization of the mix.
             - ``normalize_then_sum`` (GDPO, Liu et al. 2026, arXiv:2601.05242; constrained GRPO):
-              ``S = sum_k w_k est(r_k)``, then ``A = S / (std_batch(S) + eps)`` (population std).
+              ``S = sum_k w_k est(r_k)``, then ``A = S / (std_batch(S) + eps)`` (population std
+              of each column).
               Normalizing each reward first keeps distinct reward combinations from collapsing to
               the same advantage; the final batch normalization keeps the scale from growing with
               the number of rewards. ``S`` already has zero mean in every group, hence over the
@@ -220,7 +242,7 @@ def compute_advantages(
         eps: the estimators' (and the batch renormalization's) ``eps``.
 
     Returns:
-        ``(advantages [B] float32, metrics)`` with float metrics ``rollout/zero_std_frac``
+        ``(advantages [B, *E] float32, metrics)`` with float metrics ``rollout/zero_std_frac``
         (fraction of groups whose advantages are all zero because their rewards are constant),
         ``rollout/adv_abs_mean`` (mean ``|A|`` after clipping) and ``rollout/adv_clipped_frac``
         (fraction of samples with ``|A| > adv_clip`` before clipping).
@@ -240,7 +262,7 @@ def compute_advantages(
         constant = _constant_mask([mixed], groups)
     else:
         summed = sum(w * estimate(r, groups, eps=eps) for r, w in named.values())
-        adv = summed / (summed.std(correction=0) + eps)
+        adv = summed / (summed.std(dim=0, correction=0, keepdim=True) + eps)
         # A reward of weight 0 cannot make a group's advantages non-zero.
         constant = _constant_mask([r for r, w in named.values() if w != 0], groups)
 

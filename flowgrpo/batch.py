@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,7 +23,7 @@ def cat_trajectories(trajs: list[Trajectory]) -> Trajectory:
     return Trajectory(
         latents=torch.cat([t.latents for t in trajs]),
         sigmas=first.sigmas,
-        trained=first.trained,
+        trained=torch.cat([t.trained for t in trajs]),
         log_probs=torch.cat([t.log_probs for t in trajs]),
         cond=Cond.cat([t.cond for t in trajs]),
     )
@@ -49,14 +49,21 @@ def cat_rewards(outputs: list[RewardOutput]) -> RewardOutput:
 
 @dataclass
 class RolloutBatch:
-    """Everything one process rolled out in an epoch.
+    """Everything one process rolled out in an epoch, and what later phases add to it.
 
     Attributes:
-        traj: the concatenated trajectories ``[B, ...]``.
+        traj: the concatenated trajectories ``[B, ...]`` (trained steps ``[B, J]``).
         prompts, metadata: ``B`` prompts and their metadata (with ``"group"``).
         groups: ``[B]`` global group ids.
         reward: the reward output for the batch (scores ``[B]``).
-        position_adv: per-position advantages on the latent grid (region rewards), or None.
+        step_weights: ``[B, J]`` per-step loss weights from the step selection.
+        views: the conditions training replays under, ``V`` encodings of the ``B`` samples;
+            view 0 is the rollout's own (MV-GRPO adds more).
+        view_rewards: the reward output under each view (``view_rewards[0] is reward``).
+        advantages: ``[B, V, J, P]`` once computed (per view, trained step and region).
+        regions: ``[P, ...]`` region membership maps on the latent grid (region rewards), or
+            None.
+        info: scalar metrics the later phases report (averaged over processes).
     """
 
     traj: Trajectory
@@ -64,14 +71,18 @@ class RolloutBatch:
     metadata: list[dict]
     groups: torch.Tensor
     reward: RewardOutput
-    position_adv: torch.Tensor | None = None
+    step_weights: torch.Tensor
+    views: list[Cond] = field(default_factory=list)
+    view_rewards: list[RewardOutput] = field(default_factory=list)
+    advantages: torch.Tensor | None = None
+    regions: torch.Tensor | None = None
+    info: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.views = self.views or [self.traj.cond]
+        self.view_rewards = self.view_rewards or [self.reward]
 
     @staticmethod
-    def build(trajs, prompts, metadata, groups, reward) -> RolloutBatch:
-        return RolloutBatch(cat_trajectories(trajs), prompts, metadata, groups, reward)
-
-    def weights(self, idx: torch.Tensor, j: int) -> torch.Tensor | None:
-        """Per-position log-prob weights for samples ``idx`` at trained step ``j``."""
-        if self.position_adv is None:
-            return None
-        return self.position_adv[idx]
+    def build(trajs, prompts, metadata, groups, reward, step_weights) -> RolloutBatch:
+        return RolloutBatch(cat_trajectories(trajs), prompts, metadata, groups, reward,
+                            step_weights)

@@ -151,6 +151,7 @@ def save_trainer(trainer: Trainer, step: int) -> Path | None:
         write_json(tmp / "optimizer.json", meta_opt)
         write_json(tmp / "state.json", {"step": step,
                                              "world_size": trainer.world,
+                                             "calls": trainer.calls.state(),
                                              "config": to_dict(trainer.cfg)})
         final = commit(tmp, trainer.cfg.run.keep_checkpoints)
     trainer.acc.wait_for_everyone()
@@ -177,6 +178,7 @@ def load_trainer(trainer: Trainer, folder: Path) -> None:
         trainer.ema.load_state_dict(load_file(str(folder / "ema.safetensors")))
     load_rng(folder, trainer.rank)
     trainer.start_epoch = int(state["step"])  # one epoch per step
+    trainer.calls.load(state.get("calls", {}))
     if trainer.acc.is_main_process:
         print(f"resuming from {folder} at step {trainer.start_epoch}")
 

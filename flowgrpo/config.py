@@ -31,6 +31,25 @@ def _choice(key: str, value: str, choices: list[str] | tuple[str, ...]) -> None:
     _check(value in choices, key, value, f"valid choices: {', '.join(choices)}")
 
 
+def bind_params(key: str, target: Any, params: dict, skip: int = 0) -> None:
+    """Check that ``params`` are keyword arguments ``target`` takes (after its first ``skip``
+    positional parameters), without calling it."""
+    from .registry import bind_params as bind
+
+    try:
+        bind(target, params, skip)
+    except TypeError as err:
+        raise ConfigError(f"{key}: {err}") from None
+
+
+def _build(key: str, factory: Any, *args: Any, **params: Any) -> Any:
+    """Build a cheap registered piece now, so a bad parameter fails at load time."""
+    try:
+        return factory(*args, **params)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{key}: {err}") from None
+
+
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -75,6 +94,8 @@ class ModelConfig:
         _check(self.guidance >= 0, "model.guidance", self.guidance, "must be >= 0")
         _check(self.lora_rank >= 1, "model.lora_rank", self.lora_rank, "must be >= 1")
         _check(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "must be > 0")
+        # checked where the adapter declares its options (one taking **kwargs cannot be)
+        bind_params("model.options", pipelines.FAMILIES.get(self.family), self.options, skip=1)
 
 
 @dataclass
@@ -83,15 +104,9 @@ class SamplerConfig:
     params: dict = _help("sampler parameters, e.g. {noise_level: 0.7}", default_factory=dict)
     num_steps: int = _help("denoising steps per rollout", default=10)
     eval_num_steps: int = _help("Euler steps for eval images (0: num_steps)", default=0)
-    window_size: int = _help("stochastic, trained steps per rollout (0: all but the last)",
-                             default=0)
-    window_stride: int = _help("steps the window moves per shift (progressive)", default=1)
-    window_shift_every: int = _help("training epochs between window shifts", default=1)
-    window_strategy: str = _help("window placement: progressive, random or fixed",
-                                 default="progressive")
-    window_start: int = _help("first window step (fixed; start of progressive)", default=0)
-    after_window: str = _help("solver after the window: euler (same grid) or dpm2 "
-                              "(MixGRPO-Flash re-gridded DPM-Solver++(2M))", default="euler")
+    after_window: str = _help("solver after each sample's last trained step: euler (same grid) "
+                              "or dpm2 (MixGRPO-Flash re-gridded DPM-Solver++(2M))",
+                              default="euler")
     flash_ratio: float = _help("dpm2 only: fraction of the remaining steps kept", default=0.5)
     storage_dtype: str = _help("dtype of stored trajectory latents", default="float32")
 
@@ -109,14 +124,6 @@ class SamplerConfig:
         _check(self.num_steps >= 2, "sampler.num_steps", self.num_steps, "must be >= 2")
         _check(self.eval_num_steps >= 0, "sampler.eval_num_steps", self.eval_num_steps,
                "must be >= 0")
-        _check(0 <= self.window_size < self.num_steps, "sampler.window_size", self.window_size,
-               f"must be in [0, num_steps - 1] = [0, {self.num_steps - 1}]")
-        _check(self.window_stride >= 1, "sampler.window_stride", self.window_stride, "must be >= 1")
-        _check(self.window_shift_every >= 1, "sampler.window_shift_every",
-               self.window_shift_every, "must be >= 1")
-        _choice("sampler.window_strategy", self.window_strategy, ("progressive", "random", "fixed"))
-        _check(0 <= self.window_start < self.num_steps - 1, "sampler.window_start",
-               self.window_start, f"must be in [0, {self.num_steps - 2}]")
         _choice("sampler.after_window", self.after_window, ("euler", "dpm2"))
         _check(0 < self.flash_ratio <= 1, "sampler.flash_ratio", self.flash_ratio,
                "must be in (0, 1]")
@@ -155,6 +162,8 @@ class RewardConfig:
             _choice(key, spec["name"], reward_models.names())
             _check(isinstance(spec["weight"], (int, float)), key.replace("name", "weight"),
                    spec["weight"], "must be a number")
+            bind_params(key.replace("name", "params"), reward_models.REWARDS.get(spec["name"]),
+                        spec["params"])
         _choice("reward.aggregation", self.aggregation,
                 ("sum_then_normalize", "normalize_then_sum"))
         _check(self.async_workers >= 0, "reward.async_workers", self.async_workers, "must be >= 0")
@@ -194,11 +203,30 @@ class TrainConfig:
                               default_factory=dict)
     beta: float = _help("KL weight against the reference model (0: no reference calls)",
                         default=0.0)
+    objective: str = _help("what the update minimises (objectives registry): ratio (per-step "
+                           "Gaussian ratio + train.loss)", default="ratio")
+    objective_params: dict = _help("objective parameters", default_factory=dict)
+    step_selection: str = _help("which steps each sample trains: all (every trainable step), "
+                                "window (MixGRPO), flash (one step per prompt group, Flash-GRPO)",
+                                default="all")
+    step_selection_params: dict = _help("step-selection parameters, e.g. window {size: 2, "
+                                        "strategy: random} or flash {steps: [0, 1, 2]}",
+                                        default_factory=dict)
+    credit: str = _help("how rewards are credited to steps: outcome (one reward per sample) or "
+                        "turning_point (TurningPoint-GRPO per-step rewards)", default="outcome")
+    credit_params: dict = _help("credit parameters", default_factory=dict)
+    views: int = _help("extra captions per prompt group, each re-scoring the same samples "
+                       "(MV-GRPO; 0: the prompt only)", default=0)
+    enhancer: str = _help("condition enhancer giving the views: template, callable or remote",
+                          default="template")
+    enhancer_params: dict = _help("enhancer parameters, e.g. {templates: ['a photo of {prompt}']}",
+                                  default_factory=dict)
     advantage: str = _help("advantage estimator: group, global_std or none (Dr.GRPO)",
                            default="group")
     adv_clip: float = _help("advantages clipped to [-adv_clip, adv_clip] (0: off)", default=5.0)
-    skip_zero_advantage: bool = _help("skip training samples whose advantage is exactly 0",
-                                      default=True)
+    skip_zero_advantage: bool = _help("skip training samples whose advantages are all exactly "
+                                      "0; with beta > 0 they are still trained (their KL term "
+                                      "has a gradient)", default=True)
     ema: bool = _help("keep an EMA of trainable weights, used for eval", default=False)
     ema_decay: float = _help("EMA decay per optimizer step", default=0.95)
 
@@ -225,6 +253,25 @@ class TrainConfig:
         _check(self.beta >= 0, "train.beta", self.beta, "must be >= 0")
         _check(self.adv_clip >= 0, "train.adv_clip", self.adv_clip, "must be >= 0 (0: off)")
         _check(0 <= self.ema_decay < 1, "train.ema_decay", self.ema_decay, "must be in [0, 1)")
+        _check(self.views >= 0, "train.views", self.views, "must be >= 0")
+        self.validate_pieces()
+
+    def validate_pieces(self) -> None:
+        """Every registered piece's name and parameters, bound to its target's signature."""
+        from . import credit, enhancers, losses, objectives, steps
+
+        _choice("train.objective", self.objective, objectives.OBJECTIVES.names())
+        _choice("train.step_selection", self.step_selection, steps.STEP_SELECTIONS.names())
+        _choice("train.credit", self.credit, credit.CREDITS.names())
+        _choice("train.enhancer", self.enhancer, enhancers.names())
+        bind_params("train.loss_params", losses.get(self.loss), self.loss_params, skip=3)
+        bind_params("train.objective_params", objectives.OBJECTIVES.get(self.objective),
+                    self.objective_params, skip=1)
+        _build("train.step_selection_params", steps.build, self.step_selection,
+               **self.step_selection_params)
+        _build("train.credit_params", credit.build, self.credit, **self.credit_params)
+        if self.views:
+            _build("train.enhancer_params", enhancers.get, self.enhancer, **self.enhancer_params)
 
 
 @dataclass
@@ -259,7 +306,29 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
     def validate(self) -> Config:
-        """Check every section; raise :class:`ConfigError` on the first bad value."""
+        """Check every section, then what spans sections; raise :class:`ConfigError` on the first
+        bad value."""
         for f in fields(self):
             getattr(self, f.name).validate()
+        self.check_steps()
+        _check(not (self.train.views and self.train.credit != "outcome"), "train.views",
+               self.train.views, f"views need train.credit: outcome (got {self.train.credit!r})")
         return self
+
+    def check_steps(self) -> None:
+        """Dry-run the step selection on a uniform schedule of ``sampler.num_steps`` steps, so a
+        window that does not fit fails now rather than after the model loads."""
+        import torch
+
+        import samplers
+
+        from . import steps
+
+        tc = self.train
+        selection = steps.build(tc.step_selection, seed=self.run.seed, **tc.step_selection_params)
+        sigmas = torch.linspace(1.0, 0.0, self.sampler.num_steps + 1)
+        try:
+            selection.select(sigmas, torch.zeros(tc.group_size, dtype=torch.long), 0,
+                             samplers.get(self.sampler.name, **self.sampler.params))
+        except ValueError as err:
+            raise ConfigError(f"train.step_selection_params: {err}") from None

@@ -21,6 +21,14 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "digits.ya
 
 _TYPES = {"str": str, "int": int, "float": float, "bool": bool, "dict": dict, "list": list}
 
+# keys that moved, so an old config gets the new spelling instead of a bare "unknown key"
+_MOVED = {
+    f"sampler.window_{old}": f"train.step_selection: window with train.step_selection_params "
+                             f"{{{new}: ...}}"
+    for old, new in (("size", "size"), ("stride", "stride"), ("shift_every", "shift_every"),
+                     ("strategy", "strategy"), ("start", "start"))
+}
+
 
 def _coerce(key: str, value: Any, type_name: str) -> Any:
     """Check ``value`` against a field type; ints are accepted as floats, '1e-4' as a float."""
@@ -45,6 +53,9 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(known))
+    moved = [f"{prefix}{k}" for k in unknown if f"{prefix}{k}" in _MOVED]
+    if moved:
+        raise ConfigError(f"{moved[0]} has moved: use {_MOVED[moved[0]]}")
     if unknown:
         close = difflib.get_close_matches(unknown[0], known, n=1)
         hint = f" (did you mean {prefix}{close[0]}?)" if close else ""

@@ -18,7 +18,7 @@ from .batch import cat_rewards, chunks
 from .config import Config
 from .data import Prompt
 from .rewards import RewardRunner
-from .rollout import rollout
+from .rollout import RolloutSpec, rollout, solve
 
 EVAL_SEED = 2**31 - 1
 
@@ -50,17 +50,20 @@ def generate(
     sampler: samplers.Sampler | None = None,
     autocast: Callable = nullcontext,
 ) -> torch.Tensor:
-    """Decoded media for ``prompts`` (one seed each); Euler unless ``sampler`` is given."""
+    """Decoded media for ``prompts`` (one seed each); Euler (:func:`solve`) unless a stochastic
+    ``sampler`` is given (then every step but the last is stochastic)."""
     sigmas = adapter.schedule(num_steps)
-    sampler = sampler or samplers.get("ode")
-    trained = [] if sampler.name == "ode" else list(range(num_steps - 1))
     out = []
     for sl in chunks(len(prompts), batch_size):
-        noise = fixed_noise(adapter, seeds[sl])
-        gen = torch.Generator(adapter.device).manual_seed(seeds[sl][0])
-        traj = rollout(adapter, sampler, encode(prompts[sl]), noise, sigmas, trained, guidance,
-                       generator=gen, autocast=autocast)
-        out.append(adapter.decode(traj.final))
+        noise, cond = fixed_noise(adapter, seeds[sl]), encode(prompts[sl])
+        if sampler is None or not sampler.is_stochastic:
+            final = solve(adapter, noise, sigmas, cond, guidance, autocast=autocast)
+        else:
+            gen = torch.Generator(adapter.device).manual_seed(seeds[sl][0])
+            trained = torch.arange(num_steps - 1).expand(len(noise), -1)
+            final = rollout(adapter, RolloutSpec(sampler, guidance, autocast=autocast), cond,
+                            noise, sigmas, trained, generator=gen).final
+        out.append(adapter.decode(final))
     return torch.cat(out)
 
 

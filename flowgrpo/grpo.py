@@ -1,9 +1,10 @@
-"""The GRPO update: replay trained steps with gradients and apply the policy loss.
+"""Replaying a trained step with gradients: the per-step Gaussian log-prob and its KL.
 
-For a trained step ``k`` of sample ``i``: recompute the velocity at ``(x_k, s_k)`` under the same
-guidance, rebuild the sampler's Gaussian transition, take the log-prob of the stored ``x_{k+1}``,
-``ratio = exp(logp - logp_old)``, and ``loss = policy(logp, logp_old, A) + beta * KL`` where the KL
-is between the policy's and the reference's transitions from the same ``x_k`` (same std).
+For trained step ``j`` of sample ``i`` (the step ``k = trained[i, j]``): recompute the velocity at
+``(x_k, s_k)`` under the same guidance (and, for a view, that view's condition), rebuild the
+sampler's Gaussian transition and take the log-prob of the stored ``x_{k+1}``. With a reference
+(``with_kl``), the KL is between the policy's and the reference's transitions from the same
+``x_k`` (same std). The ``ratio`` objective (:mod:`flowgrpo.objectives`) turns these into a loss.
 """
 
 from __future__ import annotations
@@ -15,19 +16,46 @@ from dataclasses import dataclass
 import torch
 
 import samplers
-from pipelines import FlowAdapter
+from pipelines import Cond, FlowAdapter
 
-from . import losses
 from .model import reference
 from .rollout import Trajectory, model_velocity
 
 
 @dataclass
 class StepResult:
-    """What one replayed step gives: ``[b]`` log-probs and (when beta > 0) ``[b]`` KL."""
+    """What one replayed step gives: log-probs ``[b]`` (``[b, P]`` per region) and, when asked
+    for, the KL to the reference ``[b]``."""
 
     log_prob: torch.Tensor
     kl: torch.Tensor | None
+
+
+def step_sigmas(traj: Trajectory, k: torch.Tensor) -> tuple[float | torch.Tensor, ...]:
+    """``(s, s')`` of steps ``k [b]``: Python floats when every sample is at the same step (the
+    rollout's own arithmetic, so replayed log-probs match bit for bit), else ``[b]`` tensors."""
+    if bool((k == k[0]).all()):
+        first = int(k[0])
+        return float(traj.sigmas[first]), float(traj.sigmas[first + 1])
+    sigmas = traj.sigmas.to(k.device)
+    return sigmas[k], sigmas[k + 1]
+
+
+def region_log_prob(x_next: torch.Tensor, tr: samplers.Transition,
+                    regions: torch.Tensor) -> torch.Tensor:
+    """Per-region log-probs ``[b, P]``: the Gaussian log-density of ``x_next`` averaged over each
+    region's latent positions.
+
+    Args:
+        regions: ``[P, ...]`` non-negative membership maps broadcastable to one latent (from the
+            adapter's ``position_weights``); each is rescaled to mean 1, so region ``p``'s value
+            is the weighted mean of the per-element log-density over that region.
+    """
+    out = []
+    for m in regions:
+        weight = m / m.float().mean().clamp_min(1e-12)
+        out.append(samplers.gaussian_log_prob(x_next, tr.mean, tr.std, weight=weight[None]))
+    return torch.stack(out, 1)
 
 
 def replay_step(
@@ -38,25 +66,33 @@ def replay_step(
     j: int,
     guidance: float,
     with_kl: bool = False,
-    weight: torch.Tensor | None = None,
+    regions: torch.Tensor | None = None,
     autocast: Callable = nullcontext,
+    cond: Cond | None = None,
 ) -> StepResult:
-    """Recompute the log-prob of trained step ``traj.trained[j]`` for samples ``idx`` (with grad).
+    """Recompute the log-prob of each sample's ``j``-th trained step (with grad).
 
     Args:
         idx: ``[b]`` sample indices into the trajectory.
-        j: position in ``traj.trained`` (the step is ``k = traj.trained[j]``).
-        weight: optional per-position weights for the log-prob (region rewards), ``[b, ...]``.
+        j: position along ``traj.trained``'s second axis; sample ``i`` replays step
+            ``traj.trained[i, j]``.
+        regions: optional ``[P, ...]`` region maps; then ``log_prob`` is ``[b, P]``.
+        cond: the condition to replay under (default: the rollout's, ``traj.cond``); a
+            ``[B]``-batch encoding indexed by ``idx`` like the trajectory.
     """
-    k = traj.trained[j]
-    cond = traj.cond.index(idx)
-    x = traj.latents[idx, k].float()
-    x_next = traj.latents[idx, k + 1].float()
-    s, s_next = float(traj.sigmas[k]), float(traj.sigmas[k + 1])
-    sigma = traj.sigmas[k].to(x.device).expand(x.shape[0])
+    k = traj.trained[idx, j].to(traj.latents.device)
+    rows = idx.to(traj.latents.device)
+    cond = (traj.cond if cond is None else cond).index(idx)
+    x = traj.latents[rows, k].float()
+    x_next = traj.latents[rows, k + 1].float()
+    s, s_next = step_sigmas(traj, k)
+    sigma = traj.sigmas.to(x.device)[k]
     velocity = model_velocity(adapter, cond, guidance, autocast)
     tr = sampler.transition(velocity(x, sigma), x, s, s_next, velocity_fn=velocity)
-    log_prob = samplers.gaussian_log_prob(x_next, tr.mean, tr.std, weight=weight)
+    if regions is None:
+        log_prob = samplers.gaussian_log_prob(x_next, tr.mean, tr.std)
+    else:
+        log_prob = region_log_prob(x_next, tr, regions)
     kl = None
     if with_kl:
         with torch.no_grad(), reference(adapter):
@@ -64,21 +100,3 @@ def replay_step(
             ref = sampler.transition(ref_velocity(x, sigma), x, s, s_next, velocity_fn=ref_velocity)
         kl = samplers.gaussian_kl(tr.mean, ref.mean.detach(), tr.std)
     return StepResult(log_prob, kl)
-
-
-def step_loss(
-    result: StepResult,
-    logp_old: torch.Tensor,
-    adv: torch.Tensor,
-    loss_name: str,
-    loss_params: dict,
-    beta: float,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``policy + beta * mean(KL)`` and the loss metrics (``train/kl`` added when computed)."""
-    loss, metrics = losses.get(loss_name)(result.log_prob, logp_old, adv, **loss_params)
-    if result.kl is not None:
-        kl = result.kl.mean()
-        metrics["train/kl"] = kl.detach()
-        loss = loss + beta * kl
-    metrics["train/loss"] = loss.detach()
-    return loss, metrics

@@ -21,8 +21,8 @@ Flow log-probs are means over latent elements (see DESIGN.md), so one update mov
 about 1e-4 to 1e-3, not by the 0.1 to 0.3 of token log-probs: trust-region widths and gate
 temperatures are set accordingly (Flow-GRPO clips at 1e-4).
 
-Everything is computed in float32. The KL penalty against the reference is added by
-:func:`total_loss`.
+Everything is computed in float32. The KL penalty against the reference (``beta * KL``) and any
+per-step loss weight are the objective's business (:mod:`flowgrpo.objectives`), not the loss's.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ LossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 
 LOSSES: Registry[LossFn] = Registry("loss")
 
-__all__ = ["LOSSES", "clip_loss", "get", "guard_loss", "sapo_loss", "stable_loss", "total_loss"]
+__all__ = ["LOSSES", "clip_loss", "get", "guard_loss", "sapo_loss", "stable_loss"]
 
 
 def get(name: str) -> LossFn:
@@ -249,7 +249,8 @@ def guard_loss(
     by the transition std ``sigma_t * sqrt(-dt)`` so the ratio's spread no longer depends on the
     step's noise level; pass the sampler's per-sample transition std to reproduce that (and
     widen ``clip_low``/``clip_high`` to match the rescaled units). The paper's second component,
-    reweighting each step's loss by ``1 / (-dt)``, is a per-step weight the trainer applies.
+    reweighting each step's loss by ``1 / (-dt)``, is not implemented here: a per-step loss
+    weight belongs to the step selection (:meth:`flowgrpo.steps.StepSelection.weights`).
     The ratio is not divided by its batch std: at ``r = 1`` that std is 0, and dividing would
     make the first update's gradient arbitrarily large.
 
@@ -265,26 +266,3 @@ def guard_loss(
     normalized = ((log_ratio - log_ratio.detach().mean()) * scale).exp()
     per_sample, cut = _ppo_clip(normalized, adv, clip_low, clip_high)
     return per_sample.mean(), _metrics(log_ratio, cut)
-
-
-def total_loss(policy_loss: Tensor, kl: Tensor | None = None, beta: float = 0.0) -> Tensor:
-    """``loss = policy_loss + beta * mean(kl)``, the KL-regularized GRPO objective.
-
-    Args:
-        policy_loss: scalar from a registered loss.
-        kl: ``[B]`` per-sample KL between the policy's and the reference's transitions (as the
-            samplers compute it); unused when ``beta == 0`` (then it may be None and the
-            reference forward can be skipped).
-        beta: KL coefficient (>= 0).
-
-    Returns:
-        Scalar float32 loss.
-    """
-    if beta < 0:
-        raise ValueError(f"beta must be >= 0, got {beta}")
-    policy_loss = policy_loss.float()
-    if beta == 0:
-        return policy_loss
-    if kl is None:
-        raise ValueError(f"beta = {beta} needs the per-sample kl tensor; got None")
-    return policy_loss + beta * kl.float().mean()

@@ -6,8 +6,10 @@ a typo in a config fails at load time with the fix in the message.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -56,3 +58,30 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+def bind_params(target: Callable[..., Any], params: dict, skip: int = 0) -> None:
+    """Check, without calling it, that ``target`` accepts ``params`` as keyword arguments.
+
+    Args:
+        target: a function or class (its ``__init__`` without ``self``).
+        params: the keyword arguments from a config.
+        skip: leading positional parameters the caller supplies itself (e.g. ``logp``).
+
+    Raises:
+        TypeError: one line naming the unknown parameter, the closest valid one and every valid
+            one.
+    """
+    signature = inspect.signature(target)
+    accepted = list(signature.parameters.values())[skip:]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted):
+        return
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    valid = [p.name for p in accepted if p.kind in keyword]
+    unknown = [name for name in params if name not in valid]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], valid, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        name = getattr(target, "__name__", repr(target))
+        raise TypeError(f"{name} got an unknown parameter {unknown[0]!r}{hint}; valid: "
+                        f"{', '.join(valid) or 'none'}")

@@ -69,14 +69,14 @@ class RewardRunner:
         """Score a batch synchronously (eval)."""
         return self.reward(self.media(data.detach()), prompts, metadata)
 
-    def for_advantages(self, out: RewardOutput, acc) -> torch.Tensor | dict:
-        """What the advantage estimator gets from every process (``acc``: the accelerate
-        ``Accelerator``): the scores, or the components when each reward is normalized on its own
-        (``normalize_then_sum``)."""
-        if self.cfg.aggregation == "normalize_then_sum" and self.weights:
-            return {k: acc.gather(out.components[k].to(acc.device)).float().cpu()
+    def for_advantages(self, signal, acc) -> torch.Tensor | dict:
+        """What the advantage estimator gets from every process (``signal``: a credit's
+        :class:`~flowgrpo.credit.Signal`; ``acc``: the accelerate ``Accelerator``): the scores,
+        or the components when each reward is normalized on its own (``normalize_then_sum``)."""
+        if self.cfg.aggregation == "normalize_then_sum" and self.weights and signal.components:
+            return {k: acc.gather(signal.components[k].to(acc.device)).float().cpu()
                     for k in self.weights}
-        return acc.gather(out.scores.to(acc.device)).float().cpu()
+        return acc.gather(signal.scores.to(acc.device)).float().cpu()
 
     def metrics(self, out: RewardOutput, acc, prefix: str = "reward") -> dict:
         """``reward/mean``, ``reward/std`` and ``reward/<component>`` over all processes."""

@@ -1,21 +1,33 @@
 """Rollouts: sample trajectories with a stochastic sampler and keep what training replays.
 
 A :class:`Trajectory` holds, per sample, the latent before and after every step that was taken,
-the sigma grid actually used, which steps were stochastic (and are trained), and the sampling-time
-log-probs of those steps. A stored next latent is exactly the one the trajectory continued from
-(rounded to the storage dtype first), so recomputing its log-prob before any update gives ratio 1.
+the sigma grid actually used, which steps each sample took stochastically (and are trained), and
+the sampling-time log-probs of those steps. A stored next latent is exactly the one the trajectory
+continued from (rounded to the storage dtype first), so recomputing its log-prob before any
+update gives ratio 1.
+
+Trained steps are per sample, ``[B, J]``: every sample of a batch has ``J`` trained steps, but
+not necessarily the same ones (Flash-GRPO gives each prompt group its own step). At a step that
+only some samples train, those samples draw the stochastic transition and the others take the
+Euler step, all in one model call.
+
+:func:`solve` is the one deterministic completion (Euler or DPM-Solver++(2M)) from any latent
+and noise level: the rollout's MixGRPO-Flash tail, TurningPoint-GRPO's completions and eval use
+it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 import samplers
 from pipelines import Cond, FlowAdapter
+
+SOLVERS = ("euler", "dpm2")
 
 
 @dataclass
@@ -25,21 +37,49 @@ class Trajectory:
     Attributes:
         latents: ``[B, T+1, ...]`` latents before/after each of the T steps taken (storage dtype).
         sigmas: ``[T+1]`` float32 grid of the steps taken; with MixGRPO-Flash the deterministic
-            DPM-Solver tail after the window is recorded as one final step to sigma = 0.
-        trained: indices ``k`` of the stochastic steps (``sigmas[k] -> sigmas[k+1]``) to train.
-        log_probs: ``[B, len(trained)]`` float32 sampling-time log-probs of the trained steps.
+            DPM-Solver tail after the last trained step is recorded as one final step to 0.
+        trained: ``[B, J]`` long, the stochastic step indices ``k`` (``sigmas[k] ->
+            sigmas[k+1]``) of each sample, ascending along ``J``.
+        log_probs: ``[B, J]`` float32 sampling-time log-probs of those steps.
         cond: the prompt encodings of the batch.
     """
 
     latents: torch.Tensor
     sigmas: torch.Tensor
-    trained: list[int]
+    trained: torch.Tensor
     log_probs: torch.Tensor
     cond: Cond
 
     @property
     def final(self) -> torch.Tensor:
         return self.latents[:, -1]
+
+    @property
+    def num_trained(self) -> int:
+        """``J``, the trained steps per sample."""
+        return self.trained.shape[1]
+
+
+@dataclass
+class RolloutSpec:
+    """How a rollout samples, shared by every chunk of an epoch.
+
+    Attributes:
+        sampler: the stochastic sampler of the trained steps (others are Euler).
+        guidance: CFG scale (or guidance-embedding value).
+        after_window: solver after the last trained step: ``"euler"`` keeps the grid,
+            ``"dpm2"`` re-grids the rest and solves it with DPM-Solver++(2M) (MixGRPO-Flash).
+        flash_ratio: fraction of the remaining steps kept by ``"dpm2"``.
+        storage_dtype: dtype of the stored latents.
+        autocast: zero-argument context factory around every model call.
+    """
+
+    sampler: samplers.Sampler
+    guidance: float = 1.0
+    after_window: str = "euler"
+    flash_ratio: float = 0.5
+    storage_dtype: torch.dtype = torch.float32
+    autocast: Callable = field(default=nullcontext)
 
 
 def model_velocity(
@@ -58,53 +98,105 @@ def _sigma(s: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return s.to(device=x.device, dtype=torch.float32).expand(x.shape[0])
 
 
+def integrate(
+    velocity: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    method: str = "euler",
+) -> torch.Tensor:
+    """Deterministic solve of the probability-flow ODE from ``x`` at ``sigmas[0]`` along
+    ``sigmas`` (one model call per step); ``[B, ...]`` float32 at ``sigmas[-1]``."""
+    if method == "dpm2":
+        return samplers.dpm_solver_2m(velocity, x, sigmas)
+    if method != "euler":
+        raise ValueError(f"unknown solver {method!r}; valid: {', '.join(SOLVERS)}")
+    ode = samplers.get("ode")
+    x = x.float()
+    for k in range(len(sigmas) - 1):
+        s, s_next = sigmas[k], sigmas[k + 1]
+        x = ode.transition(velocity(x, _sigma(s, x)), x, float(s), float(s_next)).mean
+    return x
+
+
+@torch.no_grad()
+def solve(
+    adapter: FlowAdapter,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    cond: Cond,
+    guidance: float,
+    method: str = "euler",
+    autocast: Callable = nullcontext,
+) -> torch.Tensor:
+    """Complete ``x`` (at noise level ``sigmas[0]``) deterministically along ``sigmas``.
+
+    Args:
+        x: ``[B, ...]`` latents, all at ``sigmas[0]``.
+        sigmas: ``[M+1]`` descending noise levels (a suffix of a schedule, or a new grid).
+        cond: encodings of the same ``B`` samples.
+        method: ``"euler"`` or ``"dpm2"`` (DPM-Solver++(2M)); one model call per step either way.
+
+    Returns:
+        ``[B, ...]`` float32 latents at ``sigmas[-1]`` (clean samples when it is 0).
+    """
+    return integrate(model_velocity(adapter, cond, guidance, autocast), x, sigmas, method)
+
+
 @torch.no_grad()
 def rollout(
     adapter: FlowAdapter,
-    sampler: samplers.Sampler,
+    spec: RolloutSpec,
     cond: Cond,
     noise: torch.Tensor,
     sigmas: torch.Tensor,
-    trained: list[int],
-    guidance: float,
+    trained: torch.Tensor,
     generator: torch.Generator | None = None,
-    after_window: str = "euler",
-    flash_ratio: float = 0.5,
-    storage_dtype: torch.dtype = torch.float32,
-    autocast: Callable = nullcontext,
 ) -> Trajectory:
-    """Denoise ``noise`` along ``sigmas``; steps in ``trained`` use ``sampler``, others Euler.
+    """Denoise ``noise`` along ``sigmas``; each sample's ``trained`` steps use the sampler,
+    its other steps Euler.
 
     Args:
         noise: ``[B, ...]`` initial latents at ``sigmas[0]``.
         sigmas: ``[N+1]`` descending schedule from the adapter.
-        trained: stochastic step indices (sorted); empty gives a deterministic Euler rollout.
-        after_window: ``"dpm2"`` re-grids the steps after the last trained step and solves them
-            with DPM-Solver++(2M) (MixGRPO-Flash); ``"euler"`` keeps the grid.
+        trained: ``[B, J]`` stochastic step indices per sample (``J`` may be 0: a deterministic
+            Euler rollout).
+        generator: the noise of the stochastic steps; a step draws noise for the whole batch
+            whenever any sample is stochastic there.
     """
-    velocity = model_velocity(adapter, cond, guidance, autocast)
-    ode = samplers.get("ode")
-    trained = sorted(trained)
-    flash_at = trained[-1] + 1 if after_window == "dpm2" and trained else None
-    x = noise.to(storage_dtype).float()
-    states, log_probs, grid = [x.to(storage_dtype)], [], [sigmas[0]]
+    velocity = model_velocity(adapter, cond, spec.guidance, spec.autocast)
+    ode, dtype = samplers.get("ode"), spec.storage_dtype
+    trained = trained.to(noise.device).long().sort(dim=1).values
+    batch, num = trained.shape
+    last = int(trained.max()) if num else -1
+    flash_at = last + 1 if spec.after_window == "dpm2" and num else None
+    x = noise.to(dtype).float()
+    states, grid = [x.to(dtype)], [sigmas[0]]
+    log_probs = torch.zeros(batch, num, device=noise.device)
     for k in range(len(sigmas) - 1):
         if k == flash_at:
             # MixGRPO-Flash: the deterministic tail on a coarser grid; recorded as one step
-            tail = samplers.flash_sigmas(sigmas, k, flash_ratio).to(sigmas)
-            x = samplers.dpm_solver_2m(velocity, x, tail).to(storage_dtype).float()
-            states.append(x.to(storage_dtype))
+            tail = samplers.flash_sigmas(sigmas, k, spec.flash_ratio).to(sigmas)
+            x = integrate(velocity, x, tail, "dpm2").to(dtype).float()
+            states.append(x.to(dtype))
             grid.append(tail[-1])
             break
         s, s_next = sigmas[k], sigmas[k + 1]
         v = velocity(x, _sigma(s, x))
-        if k in trained:
-            tr = sampler.transition(v, x, float(s), float(s_next), velocity_fn=velocity)
-            x = samplers.sample_next(tr, generator=generator).to(storage_dtype).float()
-            log_probs.append(samplers.gaussian_log_prob(x, tr.mean, tr.std))
+        here = trained == k  # [B, J]
+        stochastic = here.any(1)
+        if bool(stochastic.any()):
+            tr = spec.sampler.transition(v, x, float(s), float(s_next), velocity_fn=velocity)
+            x_new = samplers.sample_next(tr, generator=generator).to(dtype).float()
+            lp = samplers.gaussian_log_prob(x_new, tr.mean, tr.std)
+            log_probs = torch.where(here, lp[:, None], log_probs)
+            if not bool(stochastic.all()):
+                euler = ode.transition(v, x, float(s), float(s_next)).mean.to(dtype).float()
+                mask = stochastic.reshape(-1, *([1] * (x.ndim - 1)))
+                x_new = torch.where(mask, x_new, euler)
+            x = x_new
         else:
-            x = ode.transition(v, x, float(s), float(s_next)).mean.to(storage_dtype).float()
-        states.append(x.to(storage_dtype))
+            x = ode.transition(v, x, float(s), float(s_next)).mean.to(dtype).float()
+        states.append(x.to(dtype))
         grid.append(s_next)
-    lp = torch.stack(log_probs, 1) if log_probs else noise.new_zeros(noise.shape[0], 0)
-    return Trajectory(torch.stack(states, 1), torch.stack(grid).float(), trained, lp.float(), cond)
+    return Trajectory(torch.stack(states, 1), torch.stack(grid).float(), trained,
+                      log_probs.float(), cond)

@@ -1,9 +1,11 @@
-"""One GRPO trainer for every pipeline family, sampler, loss and reward.
+"""One GRPO trainer for every pipeline family, sampler, objective, credit scheme and reward.
 
-Each epoch reads top to bottom: (1) draw prompt groups, (2) roll out with the configured sampler
-and window while rewards run (inline or in a worker pool), (3) gather rewards across processes and
-compute group-relative advantages, (4) replay the trained steps with gradients for
-``num_inner_epochs`` passes, (5) log, evaluate and checkpoint.
+Each epoch reads top to bottom: (1) draw prompt groups and the steps each sample trains (step
+selection), (2) roll out with the configured sampler while rewards run (inline or in a worker
+pool), (3) add views (MV-GRPO; none by default), (4) turn rewards into per-view, per-step,
+per-region rewards (credit), gather them across processes and normalise them within groups,
+(5) run the objective for ``num_inner_epochs`` passes of one generic update loop, (6) log model
+calls, evaluate and checkpoint.
 """
 
 from __future__ import annotations
@@ -21,17 +23,21 @@ import samplers
 
 from . import advantages as adv_lib
 from . import checkpoint as ckpt
+from . import credit as credit_lib
+from . import objectives
+from . import steps as steps_lib
 from .batch import RolloutBatch, chunks
+from .calls import CallCounter
 from .config import Config
 from .config_io import to_dict, to_yaml
 from .data import load_prompts, sample_groups
 from .ema import EMA
 from .evaluate import Evaluator
-from .grpo import replay_step, step_loss
 from .model import load_adapter, make_trainable
 from .rewards import RewardRunner
-from .rollout import rollout
+from .rollout import RolloutSpec, rollout
 from .tracking import Tracker, new_run_dir
+from .views import Views
 
 
 class Trainer:
@@ -60,6 +66,8 @@ class Trainer:
 
         self.adapter = load_adapter(cfg.model, self.acc.device)
         self.params = make_trainable(cfg.model, self.adapter)
+        self.calls = CallCounter([self.adapter.transformer,
+                                  *filter(None, [getattr(self.adapter, "reference_copy", None)])])
         self.optimizer = torch.optim.AdamW(
             self.params, lr=cfg.train.lr, betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
             weight_decay=cfg.train.weight_decay,
@@ -69,17 +77,20 @@ class Trainer:
         )
         self.ema = EMA(self.params, cfg.train.ema_decay) if cfg.train.ema else None
         self.sampler = samplers.get(cfg.sampler.name, **cfg.sampler.params)
-        self.window = None
-        if cfg.sampler.window_size:
-            self.window = samplers.Window(
-                cfg.sampler.window_size, stride=cfg.sampler.window_stride,
-                shift_every=cfg.sampler.window_shift_every,
-                strategy=cfg.sampler.window_strategy, start=cfg.sampler.window_start,
-                seed=cfg.run.seed,
-            )
+        tc = cfg.train
+        self.selection = steps_lib.build(tc.step_selection, seed=cfg.run.seed,
+                                         **tc.step_selection_params)
+        self.credit = credit_lib.build(tc.credit, **tc.credit_params)
+        self.views = Views(tc.views, tc.enhancer, tc.enhancer_params, cfg.run.seed)
         self.rewards = RewardRunner(cfg.reward, self.adapter)
         self.prompts = load_prompts(cfg.data.prompts)
         self.autocast = autocast_factory(cfg.model.mixed_precision, self.acc.device)
+        self.spec = RolloutSpec(self.sampler, cfg.model.guidance, cfg.sampler.after_window,
+                                cfg.sampler.flash_ratio, getattr(torch, cfg.sampler.storage_dtype),
+                                self.autocast)
+        self.objective = objectives.build(tc.objective, objectives.Policy(
+            self.adapter, self.sampler, cfg.model.guidance, tc.loss, tc.loss_params, tc.beta,
+            tc.train_batch_size or tc.batch_size, self.autocast), **tc.objective_params)
         self._cond_cache: dict[str, object] = {}
         self.start_epoch = 0
         if self.acc.is_main_process:
@@ -98,19 +109,15 @@ class Trainer:
         if checkpoint is not None:
             self.load(checkpoint)
 
-    # ----------------------------------------------------------------- phases of an epoch
-    def trained_steps(self, epoch: int, sigmas: torch.Tensor) -> list[int]:
-        """Stochastic, trained step indices at this epoch: the window's, or without a window
-        every step of ``sigmas`` the sampler calls trainable (never the last, into sigma = 0)."""
-        n = len(sigmas) - 1
-        if self.window:
-            return self.window.steps(n, epoch)
-        s = sigmas.tolist()
-        return [k for k in range(n - 1) if self.sampler.trainable(s[k], s[k + 1])]
+    def use_sampler(self, sampler: samplers.Sampler) -> None:
+        """Roll out and train with ``sampler`` from now on."""
+        self.sampler = self.spec.sampler = self.objective.policy.sampler = sampler
 
-    def encode(self, prompts: list[str]):
+    # ----------------------------------------------------------------- phases of an epoch
+    def encode(self, prompts: list[str], cache: bool = True):
         """Encode each distinct prompt once and expand to the batch; encodings are cached across
-        epochs when the family allows it (``per_prompt_encoding``) and the config asks for it."""
+        epochs when the family allows it (``per_prompt_encoding``), the config asks for it and
+        ``cache`` is True (generated captions pass False)."""
         from pipelines import Cond
 
         if not self.adapter.per_prompt_encoding:  # one call, so every row shares its padding
@@ -125,7 +132,7 @@ class Trainer:
             for i, p in enumerate(todo):
                 self._cond_cache[p] = enc.index(slice(i, i + 1))
         cond = Cond.cat([self._cond_cache[p] for p in prompts])
-        if not self.cfg.model.cache_prompt_embeds:
+        if not (self.cfg.model.cache_prompt_embeds and cache):
             self._cond_cache.clear()
         return cond
 
@@ -156,7 +163,8 @@ class Trainer:
             hash_seed(cfg.run.seed, epoch, self.rank, 1)
         )
         sigmas = self.adapter.schedule(cfg.sampler.num_steps)
-        trained = self.trained_steps(epoch, sigmas)
+        trained = self.selection.select(sigmas, groups, epoch, self.sampler)
+        weights = self.selection.weights(sigmas, trained, self.sampler).to(self.acc.device)
         trajs, pending = [], []
         size = cfg.train.sample_batch_size or cfg.train.batch_size
         if self.rewards.groupwise:  # a group-wise reward must see whole groups in each chunk
@@ -166,57 +174,49 @@ class Trainer:
             for sl in chunks(len(texts), size):
                 cond = cond_all.index(sl)
                 noise = self.adapter.noise(len(cond), noise_gen)
-                traj = rollout(
-                    self.adapter, self.sampler, cond, noise, sigmas, trained,
-                    cfg.model.guidance, generator=noise_gen,
-                    after_window=cfg.sampler.after_window, flash_ratio=cfg.sampler.flash_ratio,
-                    storage_dtype=getattr(torch, cfg.sampler.storage_dtype),
-                    autocast=self.autocast,
-                )
+                traj = rollout(self.adapter, self.spec, cond, noise, sigmas, trained[sl],
+                               generator=noise_gen)
                 media = self.adapter.decode(traj.final)
                 pending.append(self.rewards.submit(media, texts[sl], metas[sl]))
                 trajs.append(traj)
-        return RolloutBatch.build(trajs, texts, metas, groups, self.rewards.collect(pending))
+        return RolloutBatch.build(trajs, texts, metas, groups, self.rewards.collect(pending),
+                                  weights)
 
     def advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict]:
-        """Gather rewards from every process, normalize per group, keep this process's part."""
+        """Credit the rewards, gather them from every process, normalise every column within its
+        group and keep this process's part: ``[B, V, J, P]``."""
         cfg = self.cfg
-        gather = self.acc.gather
-        groups = gather(batch.groups.to(self.acc.device))
-        rewards = self.rewards.for_advantages(batch.reward, self.acc)
+        signal = self.credit.rewards(self, batch)
+        batch.regions = signal.regions
+        groups = self.acc.gather(batch.groups.to(self.acc.device))
         adv, metrics = adv_lib.compute_advantages(
-            rewards, groups, estimator=cfg.train.advantage, adv_clip=cfg.train.adv_clip or None,
-            weights=self.rewards.weights, aggregation=cfg.reward.aggregation,
+            self.rewards.for_advantages(signal, self.acc), groups, estimator=cfg.train.advantage,
+            adv_clip=cfg.train.adv_clip or None, weights=self.rewards.weights,
+            aggregation=cfg.reward.aggregation,
         )
         n = len(batch.groups)
-        mine = slice(self.rank * n, (self.rank + 1) * n)
         metrics.update(self.rewards.metrics(batch.reward, self.acc))
-        if batch.reward.regions is not None:
-            amap = region_advantages(gather(batch.reward.regions.to(self.acc.device)).cpu(),
-                                     groups.cpu(), cfg.train.advantage, cfg.train.adv_clip)
-            local = amap[mine].to(self.acc.device)
-            batch.position_adv = self.adapter.position_weights(local, batch.traj.latents[:, 0])
-            # the sign lives in the per-position weights; the sample advantage only says
-            # whether there is anything to learn from this sample
-            adv = (amap.flatten(1).abs().amax(1) > 0).float()
-            metrics["rollout/region_adv_abs_mean"] = amap.abs().mean().item()
-        return adv[mine].to(self.acc.device), metrics
+        metrics.update(self.reduce(dict(batch.info)))
+        return adv[self.rank * n:(self.rank + 1) * n].to(self.acc.device), metrics
 
     def update(self, batch: RolloutBatch, adv: torch.Tensor, epoch: int) -> dict:
-        """``num_inner_epochs`` passes of minibatch GRPO updates over the trained steps."""
+        """``num_inner_epochs`` passes of minibatch updates of the objective.
+
+        Args:
+            adv: this process's advantages, ``[B]`` or ``[B, V, J, P]``.
+        """
         cfg = self.cfg.train
-        traj = batch.traj
-        keep = torch.arange(len(adv), device=adv.device)
-        if cfg.skip_zero_advantage:
-            keep = keep[adv != 0]
+        batch.advantages = canonical_advantages(adv, batch)
+        state = self.objective.prepare(batch)
+        keep = torch.arange(len(batch.groups), device=self.acc.device)
+        if cfg.skip_zero_advantage and cfg.beta == 0:
+            # with a KL term a zero-advantage sample still has a gradient: it is trained
+            keep = keep[batch.advantages.flatten(1).ne(0).any(1)]
         size = cfg.train_batch_size or cfg.batch_size
         # every process runs the same number of minibatches so DDP collectives stay in step
         n_mb = int(self.acc.gather(torch.tensor([math.ceil(len(keep) / size)],
                                                 device=self.acc.device)).max())
-        steps = len(traj.trained)
-        logp_old = traj.log_probs
-        if batch.position_adv is not None:
-            logp_old = self.weighted_log_probs(batch, size)
+        units = self.objective.units(batch)
         sums: dict[str, float] = {}
         count = 0
         gen = torch.Generator().manual_seed(hash_seed(self.cfg.run.seed, epoch, self.rank, 2))
@@ -225,19 +225,13 @@ class Trainer:
             for m in range(n_mb):
                 idx, scale = order[m * size:(m + 1) * size], 1.0
                 if len(idx) == 0:  # nothing left here: a zero-weight pass keeps DDP in step
-                    idx, scale = torch.zeros(1, dtype=torch.long, device=adv.device), 0.0
+                    idx, scale = torch.zeros(1, dtype=torch.long, device=keep.device), 0.0
                 boundary = (m + 1) % cfg.gradient_accumulation == 0 or m == n_mb - 1
-                for j in range(steps):
-                    sync = boundary and j == steps - 1
+                for u, unit in enumerate(units):
+                    sync = boundary and u == len(units) - 1
                     with nullcontext() if sync else self.acc.no_sync(self.adapter.transformer):
-                        result = replay_step(
-                            self.adapter, self.sampler, traj, idx, j, self.cfg.model.guidance,
-                            with_kl=cfg.beta > 0, weight=batch.weights(idx, j),
-                            autocast=self.autocast,
-                        )
-                        loss, metrics = step_loss(result, logp_old[idx, j], adv[idx],
-                                                  cfg.loss, cfg.loss_params, cfg.beta)
-                        self.acc.backward(loss * scale / (steps * cfg.gradient_accumulation))
+                        loss, metrics = self.objective.loss(batch, state, idx, unit)
+                        self.acc.backward(loss * scale / (len(units) * cfg.gradient_accumulation))
                     if scale:
                         for key, value in metrics.items():
                             sums[key] = sums.get(key, 0.0) + float(value)
@@ -257,20 +251,6 @@ class Trainer:
         out["train/samples"] = float(len(keep))
         return self.reduce(out)
 
-    @torch.no_grad()
-    def weighted_log_probs(self, batch: RolloutBatch, size: int) -> torch.Tensor:
-        """Sampling-policy log-probs under region weights ``[B, steps]`` (computed before any
-        update, so they are the old policy's)."""
-        out = []
-        for sl in chunks(len(batch.groups), size):
-            idx = torch.arange(sl.start, sl.stop, device=self.acc.device)
-            out.append(torch.stack([
-                replay_step(self.adapter, self.sampler, batch.traj, idx, j,
-                            self.cfg.model.guidance, weight=batch.weights(idx, j),
-                            autocast=self.autocast).log_prob
-                for j in range(len(batch.traj.trained))], 1))
-        return torch.cat(out)
-
     def reduce(self, metrics: dict) -> dict:
         """Mean of each metric over processes."""
         if self.world == 1 or not metrics:
@@ -287,7 +267,8 @@ class Trainer:
         started = time.time()
         base_eval = None
         if self.start_epoch == 0:
-            base_eval = self.evaluator.run(0)
+            with self.calls.paused():
+                base_eval = self.evaluator.run(0)
             self.tracker.log(0, base_eval)  # the base model's eval row (no rollout yet)
         bar = tqdm(range(self.start_epoch, cfg.epochs), disable=not (
             cfg.progress and self.acc.is_main_process), desc="flowgrpo", unit="epoch")
@@ -295,15 +276,18 @@ class Trainer:
         for epoch in bar:
             t0 = time.time()
             batch = self.sample(epoch)
+            self.views.extend(self, batch, epoch)
             t1 = time.time()
             adv, metrics = self.advantages(batch)
             metrics.update(self.update(batch, adv, epoch))
+            metrics.update(self.reduce(self.calls.take()))
             t2 = time.time()
             step = epoch + 1
             metrics.update({"time/rollout": t1 - t0, "time/train": t2 - t1, "time/step": t2 - t0,
                             "epoch": float(epoch)})
             if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.epochs:
-                metrics.update(self.evaluator.run(step))
+                with self.calls.paused():
+                    metrics.update(self.evaluator.run(step))
             self.tracker.log(step, metrics)
             row = metrics
             # an epoch whose groups all had equal rewards trains nothing and has no loss metrics
@@ -337,16 +321,13 @@ class Trainer:
         ckpt.load_trainer(self, folder)
 
 
-def region_advantages(regions: torch.Tensor, groups: torch.Tensor, estimator: str,
-                      adv_clip: float) -> torch.Tensor:
-    """Per-position group-relative advantages ``[B, h, w]`` from region scores ``[B, h, w]``
-    (SpatialFlow-GRPO): each grid position is normalized within its group like a reward."""
-    est = adv_lib.get(estimator)
-    flat = regions.float().flatten(1)
-    amap = torch.stack([est(flat[:, i], groups) for i in range(flat.shape[1])], 1)
-    if adv_clip:
-        amap = amap.clamp(-adv_clip, adv_clip)
-    return amap.reshape(regions.shape)
+def canonical_advantages(adv: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
+    """Advantages as ``[B, V, J, P]``: ``[B]`` (one per sample) or any ``[B, V|1, J|1, P|1]``
+    broadcast over views, trained steps and regions."""
+    views, steps = len(batch.views), batch.traj.num_trained
+    regions = 1 if batch.regions is None else len(batch.regions)
+    adv = adv.float().reshape(len(adv), *adv.shape[1:], *([1] * (4 - adv.ndim)))
+    return adv.expand(len(adv), views, steps, regions)
 
 
 def hash_seed(*parts: int) -> int:

@@ -157,10 +157,6 @@ class FlowAdapter(ABC):
             if isinstance(module, torch.nn.Module):
                 module.to(device)
 
-    def offload_encoders(self, device: torch.device | str = "cpu") -> None:
-        """Move text encoders and VAE to ``device`` (e.g. off the accelerator after use)."""
-        self.move_components((*self.text_encoder_names, "vae"), device)
-
     def to(self, device: torch.device | str) -> FlowAdapter:
         self.pipeline.to(device)
         return self

@@ -109,16 +109,17 @@ def test_region_reward_moves_log_prob_only_in_its_region(tmp_path):
     t = Trainer(config(tmp_path, "quadrant_test", max_grad_norm=0.0))
     batch = t.sample(0)
     adv, _ = t.advantages(batch)
-    pos = batch.position_adv
-    assert pos.shape == (32, 1, 4, 4)
+    assert adv.shape == (32, 1, 1, 16)  # one advantage per region cell
+    assert batch.regions.shape == (16, 1, 4, 4)  # each cell's map on the latent grid
+    pos = adv.reshape(32, 4, 4)
     outside = torch.ones(4, 4, dtype=torch.bool)
     outside[:2, :2] = False
-    assert torch.all(pos[:, 0][:, outside] == 0)
-    inside = pos[:, 0, :2, :2]
+    assert torch.all(pos[:, outside] == 0)
+    inside = pos[:, :2, :2]
     assert (inside < 0).any() and (inside > 0).any()
 
     def element_log_probs():
-        traj, k = batch.traj, batch.traj.trained[0]
+        traj, k = batch.traj, int(batch.traj.trained[0, 0])
         x, x_next = traj.latents[:, k].float(), traj.latents[:, k + 1].float()
         with torch.no_grad():
             v = t.adapter.velocity(x, traj.sigmas[k], traj.cond, 1.0)

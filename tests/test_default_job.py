@@ -17,8 +17,8 @@ def test_toy_ratio_is_one_before_the_first_update(tmp_path):
     t = Trainer(cfg)
     batch = t.sample(0)
     idx = torch.arange(16)
-    assert len(batch.traj.trained) == cfg.sampler.num_steps - 1
-    for j in range(len(batch.traj.trained)):
+    assert batch.traj.num_trained == cfg.sampler.num_steps - 1
+    for j in range(batch.traj.num_trained):
         logp = replay_step(t.adapter, t.sampler, batch.traj, idx, j, cfg.model.guidance).log_prob
         ratio = torch.exp(logp - batch.traj.log_probs[:, j])
         assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-6, rtol=0)

@@ -60,12 +60,12 @@ def test_family_contract(family, tmp_path):
     t = Trainer(cfg)
     idx = torch.arange(4)
     for name, params in SAMPLERS:
-        t.sampler = samplers.get(name, **params)
+        t.use_sampler(samplers.get(name, **params))
         batch = t.sample(0)
         media = t.adapter.decode(batch.traj.final)
         assert media.dim() == {"image": 4, "video": 5, "audio": 3}[t.adapter.modality]
         assert batch.reward.scores.shape == (4,) and torch.isfinite(batch.reward.scores).all()
-        for j in range(len(batch.traj.trained)):
+        for j in range(batch.traj.num_trained):
             logp = replay_step(t.adapter, t.sampler, batch.traj, idx, j, 1.0).log_prob
             ratio = torch.exp(logp - batch.traj.log_probs[:, j])
             assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-6, rtol=0), (name, ratio)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flowgrpo import losses
-from flowgrpo.losses import LOSSES, total_loss
+from flowgrpo.losses import LOSSES
 from flowgrpo.registry import UnknownNameError
 
 METRIC_KEYS = {
@@ -194,11 +194,3 @@ def test_bad_params_and_shapes_fail_clearly():
         losses.get("guard")(logp, logp, torch.ones(2))
 
 
-def test_total_loss_adds_the_mean_kl():
-    policy = torch.tensor(0.25)
-    assert total_loss(policy, torch.tensor([1.0, 3.0]), beta=0.5).item() == pytest.approx(1.25)
-    assert total_loss(policy, None).item() == pytest.approx(0.25)
-    with pytest.raises(ValueError, match="kl"):
-        total_loss(policy, None, beta=0.1)
-    with pytest.raises(ValueError, match="beta"):
-        total_loss(policy, torch.zeros(2), beta=-1.0)

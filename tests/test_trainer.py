@@ -46,8 +46,8 @@ def test_ratio_is_one_before_any_update(tiny_sd3_dir, tmp_path, brightness_rewar
                     sampler={"name": sampler, "params": params}, model={"guidance": 3.0})
     batch = t.sample(0)
     idx = torch.arange(len(batch.groups))
-    assert len(batch.traj.trained) == (2 if sampler == "cps" else 3)  # cps skips s' < 0.02
-    for j in range(len(batch.traj.trained)):
+    assert batch.traj.num_trained == (2 if sampler == "cps" else 3)  # cps skips s' < 0.02
+    for j in range(batch.traj.num_trained):
         logp = replay_step(t.adapter, t.sampler, batch.traj, idx, j, 3.0).log_prob
         ratio = torch.exp(logp - batch.traj.log_probs[:, j])
         assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-6, rtol=0), ratio

@@ -79,3 +79,95 @@ def test_config_round_trip():
     window = Window(size=3, stride=2, shift_every=5, strategy="random", start=1, seed=4)
     assert Window(**window.config()).config() == window.config()
     assert "strategy='random'" in repr(window)
+
+
+def _runs(begins: list[int]) -> list[tuple[int, int]]:
+    """Run-length encoding ``[(begin, iterations), ...]`` of a sequence of begins."""
+    runs: list[tuple[int, int]] = []
+    for b in begins:
+        if runs and runs[-1][0] == b:
+            runs[-1] = (b, runs[-1][1] + 1)
+        else:
+            runs.append((b, 1))
+    return runs
+
+
+def test_decay_shrinks_the_dwell_linearly_then_rolls_back():
+    # 5 steps, last excluded: begins 0..3, p = b / 3, dwell = 4 - ceil(3 * b / 3) = 4, 3, 2, 1.
+    window = Window(size=1, shift_every=4, min_shift_every=1, strategy="decay")
+    assert [window.dwell(5, b) for b in range(4)] == [4, 3, 2, 1]
+    assert _begins(window, 5, 13) == [0, 0, 0, 0, 1, 1, 1, 2, 2, 3, 0, 0, 0]
+    # Non-integer interpolation is floored: begins 0..4, 10 * (1 - p) + p = 10, 7.75, 5.5, 3.25, 1.
+    window = Window(size=1, shift_every=10, min_shift_every=1, strategy="decay")
+    assert [window.dwell(6, b) for b in range(5)] == [10, 7, 5, 3, 1]
+    assert _runs(_begins(window, 6, 30)) == [(0, 10), (1, 7), (2, 5), (3, 3), (4, 1), (0, 4)]
+
+
+def test_decay_with_stride_start_and_default_minimum():
+    # 9 steps: begins 1, 3, 5 (7 would pass last_start 6): p = 0, 1/2, 1; default min 8 // 4 = 2.
+    window = Window(size=2, stride=2, start=1, shift_every=8, strategy="decay")
+    assert [window.dwell(9, b) for b in (1, 3, 5)] == [8, 5, 2]
+    assert _runs(_begins(window, 9, 20)) == [(1, 8), (3, 5), (5, 2), (1, 5)]
+    # 10 steps: begins 1, 3, 5, 7: p = 0, 1/3, 2/3, 1.
+    assert [window.dwell(10, b) for b in (1, 3, 5, 7)] == [8, 6, 4, 2]
+    # The minimum is respected all along a long sweep, and the last position reaches it.
+    window = Window(size=1, shift_every=9, strategy="decay")
+    dwells = [window.dwell(30, b) for b in range(29)]
+    assert min(dwells) == 2 == dwells[-1] and dwells[0] == 9
+    assert all(a >= b for a, b in zip(dwells, dwells[1:]))
+    # min == max is the progressive window.
+    same = Window(size=2, shift_every=3, min_shift_every=3, strategy="decay")
+    assert _begins(same, 8, 40) == _begins(Window(size=2, shift_every=3), 8, 40)
+
+
+def test_exp_decay_shrinks_past_the_threshold():
+    # Threshold 1, k = 1: dwell = ceil(4 * exp(-relu(b - 1))) = 4, 4, 2 (1.47), 1 (0.54), 1 (0.20).
+    window = Window(size=1, shift_every=4, strategy="exp_decay", decay_threshold=1, decay_rate=1.0)
+    assert [window.dwell(6, b) for b in range(5)] == [4, 4, 2, 1, 1]
+    assert _runs(_begins(window, 6, 16)) == [(0, 4), (1, 4), (2, 2), (3, 1), (4, 1), (0, 4)]
+    # An explicit minimum floors the decay.
+    floored = Window(size=1, shift_every=4, strategy="exp_decay", decay_threshold=1,
+                     decay_rate=1.0, min_shift_every=2)
+    assert [floored.dwell(6, b) for b in range(5)] == [4, 4, 2, 2, 2]
+    # MixGRPO's defaults (threshold 13, k = 0.1) with 25 iterations per group.
+    window = Window(size=4, shift_every=25, strategy="exp_decay")
+    assert [window.dwell(26, b) for b in (0, 13, 14, 15, 20, 21)] == [25, 25, 23, 21, 13, 12]
+    # A huge rate still keeps the window at least one iteration per position.
+    fast = Window(size=1, shift_every=3, strategy="exp_decay", decay_threshold=0, decay_rate=1e6)
+    assert _begins(fast, 5, 8) == [0, 0, 0, 1, 2, 3, 0, 0]
+
+
+@pytest.mark.parametrize("strategy", ["decay", "exp_decay"])
+def test_decay_windows_are_pure_functions_of_the_iteration(strategy):
+    window = Window(size=3, shift_every=6, strategy=strategy, decay_threshold=2, decay_rate=0.5)
+    begins = _begins(window, 12, 200)
+    again = Window(**window.config())
+    assert [again.steps(12, it)[0] for it in reversed(range(200))][::-1] == begins
+    # Every window is whole, the last step is never trained, and far iterations wrap around.
+    assert all(len(window.steps(12, it)) == 3 and 11 not in window.steps(12, it)
+               for it in range(200))
+    cycle = sum(window.dwell(12, b) for b in range(9))
+    assert window.bounds(12, 10**9 * cycle + 5) == window.bounds(12, 5)
+
+
+def test_decay_bad_arguments_raise():
+    for kwargs in ({"min_shift_every": 0}, {"min_shift_every": 5}, {"min_shift_every": 1.5},
+                   {"min_shift_every": True}):
+        with pytest.raises(ValueError, match="min_shift_every must be an integer in"):
+            Window(size=2, shift_every=4, strategy="decay", **kwargs)
+    with pytest.raises(ValueError, match="decay_threshold must be an integer >= 0"):
+        Window(size=2, strategy="exp_decay", decay_threshold=-1)
+    for rate in (-0.1, float("nan"), float("inf"), "fast", True):
+        with pytest.raises(ValueError, match="decay_rate must be a finite number"):
+            Window(size=2, strategy="exp_decay", decay_rate=rate)
+    with pytest.raises(ValueError, match="does not fit"):
+        Window(size=6, strategy="decay").steps(6, 0)
+    with pytest.raises(ValueError, match="begin must be in"):
+        Window(size=2, strategy="decay").dwell(6, 4)
+
+
+def test_decay_config_round_trip():
+    window = Window(size=3, shift_every=10, strategy="exp_decay", min_shift_every=2,
+                    decay_threshold=5, decay_rate=0.3)
+    assert Window(**window.config()).config() == window.config()
+    assert "decay_rate=0.3" in repr(window)

@@ -1,0 +1,142 @@
+"""Objectives: what the trainer minimises for one rollout batch (registry ``train.objective``).
+
+An objective says what it needs from a rollout (:attr:`Objective.needs_transitions`), prepares
+per-batch state before the first update (:meth:`Objective.prepare`, e.g. old log-probs), lists
+its training units (:meth:`Objective.units`) and returns ``(loss, metrics)`` for one minibatch of
+samples and one unit (:meth:`Objective.loss`). The trainer's update is one generic loop over
+minibatches and units: accumulate, sync, clip, step. A new method is a new objective, never a
+branch in that loop.
+
+Advantages reach an objective as ``batch.advantages`` ``[B, V, J, P]``: per view ``V`` (MV-GRPO;
+1 without views), per trained step ``J`` (TurningPoint-GRPO; an outcome advantage is broadcast
+over the steps) and per region ``P`` (SpatialFlow-GRPO; 1 without regions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+import samplers
+from pipelines import FlowAdapter
+
+from . import losses
+from .batch import RolloutBatch, chunks
+from .grpo import replay_step
+from .registry import Registry
+
+OBJECTIVES: Registry[type[Objective]] = Registry("objective")
+
+
+@dataclass
+class Policy:
+    """What an objective may call: the model, the sampler and the run's loss settings.
+
+    Attributes:
+        adapter: the model family adapter (its transformer is the trained policy).
+        sampler: the rollout's stochastic sampler.
+        guidance: CFG scale used for rollout and training.
+        loss: the policy loss name (losses registry) and ``loss_params`` its parameters.
+        beta: KL weight against the reference (0: no reference calls).
+        batch_size: samples per no-grad forward when recomputing state.
+        autocast: zero-argument context factory around model calls.
+    """
+
+    adapter: FlowAdapter
+    sampler: samplers.Sampler
+    guidance: float = 1.0
+    loss: str = "clip"
+    loss_params: dict = field(default_factory=dict)
+    beta: float = 0.0
+    batch_size: int = 32
+    autocast: Callable = field(default=nullcontext)
+
+
+class Objective:
+    """Base class. Subclasses take their own parameters as keyword arguments after ``policy``.
+
+    Attributes:
+        needs_transitions: whether the objective replays the rollout's per-step transitions
+            (stored latents and sampling log-probs of the trained steps), or only needs final
+            samples.
+    """
+
+    needs_transitions: ClassVar[bool] = True
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def prepare(self, batch: RolloutBatch) -> Any:
+        """Per-batch state, computed before the first update (under the sampling policy)."""
+        return None
+
+    def units(self, batch: RolloutBatch) -> list:
+        """The training units each minibatch of samples is trained on, in order."""
+        raise NotImplementedError
+
+    def loss(self, batch: RolloutBatch, state: Any, idx: torch.Tensor,
+             unit: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``(scalar loss, metrics)`` of samples ``idx`` on ``unit`` (with gradient)."""
+        raise NotImplementedError
+
+
+@OBJECTIVES.register("ratio")
+class RatioObjective(Objective):
+    """Flow-GRPO's per-step Gaussian ratio with a registered policy loss (``train.loss``).
+
+    Units are ``(view, trained step)`` pairs. For each, the step is replayed with gradient under
+    the view's condition, ``ratio = exp(logp - logp_old)`` and
+    ``loss = policy(logp, logp_old, A * w) + beta * mean(KL)``, ``w`` the step selection's loss
+    weight. ``logp`` is per region (``[b, P]``) when the reward returns regions.
+
+    Old log-probs: the rollout's own when there is one view and no regions; otherwise they are
+    recomputed before the first update under each view's condition and region maps, so the
+    ratio is exactly 1 before the first update in every case.
+    """
+
+    def prepare(self, batch: RolloutBatch) -> torch.Tensor:
+        """``[B, V, J, P]`` old log-probs."""
+        traj = batch.traj
+        if len(batch.views) == 1 and batch.regions is None:
+            return traj.log_probs[:, None, :, None]
+        out = torch.zeros(batch.advantages.shape, device=traj.log_probs.device)
+        with torch.no_grad():
+            for v, j in self.units(batch):
+                for sl in chunks(len(batch.groups), self.policy.batch_size):
+                    idx = torch.arange(sl.start, sl.stop, device=traj.log_probs.device)
+                    lp = self.replay(batch, idx, v, j, with_kl=False).log_prob
+                    out[sl, v, j] = lp.reshape(len(idx), -1).float()
+        return out
+
+    def units(self, batch: RolloutBatch) -> list[tuple[int, int]]:
+        return [(v, j) for v in range(len(batch.views)) for j in range(batch.traj.num_trained)]
+
+    def replay(self, batch: RolloutBatch, idx: torch.Tensor, v: int, j: int, with_kl: bool):
+        p = self.policy
+        return replay_step(p.adapter, p.sampler, batch.traj, idx, j, p.guidance,
+                           with_kl=with_kl, regions=batch.regions, autocast=p.autocast,
+                           cond=batch.views[v])
+
+    def loss(self, batch, state, idx, unit):
+        p = self.policy
+        v, j = unit
+        result = self.replay(batch, idx, v, j, with_kl=p.beta > 0)
+        logp = result.log_prob.reshape(len(idx), -1)
+        adv = batch.advantages[idx, v, j] * batch.step_weights[idx, j][:, None].to(logp.device)
+        loss, metrics = losses.get(p.loss)(logp.flatten(), state[idx, v, j].flatten(),
+                                           adv.flatten(), **p.loss_params)
+        if result.kl is not None:
+            kl = result.kl.mean()
+            metrics["train/kl"] = kl.detach()
+            loss = loss + p.beta * kl
+        metrics["train/loss"] = loss.detach()
+        return loss, metrics
+
+
+def build(name: str, policy: Policy, **params: Any) -> Objective:
+    """The objective registered as ``name``, bound to ``policy``, with its parameters."""
+    return OBJECTIVES.get(name)(policy, **params)

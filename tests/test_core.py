@@ -1,0 +1,199 @@
+"""The generalised GRPO core: one update loop over registered objectives, step selections,
+credits and views, with today's default behaviour kept."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from test_trainer import make_config
+
+import samplers
+from flowgrpo import losses
+from flowgrpo.config_io import load_config
+from flowgrpo.credit import CREDITS
+from flowgrpo.grpo import replay_step
+from flowgrpo.objectives import OBJECTIVES
+from flowgrpo.rollout import RolloutSpec, rollout, solve
+from flowgrpo.steps import STEP_SELECTIONS
+from flowgrpo.trainer import Trainer, hash_seed
+
+TOY = ["train.batch_size=16", "train.group_size=4", "run.tensorboard=false",
+       "run.progress=false", "data.eval_images_per_prompt=1"]
+
+
+def toy_trainer(tmp_path, *overrides: str) -> Trainer:
+    return Trainer(load_config(None, [f"run.output_dir={tmp_path}", *TOY, *overrides]))
+
+
+def lora(t: Trainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in t.adapter.transformer.named_parameters()
+            if "lora_" in n}
+
+
+def reference_update(t: Trainer, batch, adv: torch.Tensor, epoch: int) -> dict:
+    """The update of the first trainer (one advantage per sample, one shared list of trained
+    steps, per-step replay + clip loss + beta * KL), written out plainly."""
+    cfg = t.cfg.train
+    keep = torch.arange(len(adv))[adv != 0]
+    size = cfg.train_batch_size or cfg.batch_size
+    steps = batch.traj.num_trained
+    gen = torch.Generator().manual_seed(hash_seed(t.cfg.run.seed, epoch, t.rank, 2))
+    sums, count = {}, 0
+    order = keep[torch.randperm(len(keep), generator=gen)]
+    for m in range(math.ceil(len(keep) / size)):
+        idx = order[m * size:(m + 1) * size]
+        for j in range(steps):
+            result = replay_step(t.adapter, t.sampler, batch.traj, idx, j, t.cfg.model.guidance,
+                                 with_kl=cfg.beta > 0)
+            loss, metrics = losses.get(cfg.loss)(result.log_prob, batch.traj.log_probs[idx, j],
+                                                 adv[idx], **cfg.loss_params)
+            kl = result.kl.mean()
+            loss = loss + cfg.beta * kl
+            metrics.update({"train/kl": kl.detach(), "train/loss": loss.detach()})
+            (loss / steps).backward()
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+            count += 1
+        torch.nn.utils.clip_grad_norm_(t.params, cfg.max_grad_norm)
+        t.optimizer.step()
+        t.optimizer.zero_grad(set_to_none=True)
+    return {k: v / count for k, v in sums.items()}
+
+
+def test_default_job_update_equals_the_plain_per_step_update(tmp_path):
+    """The default job through the generic loop (objective ``ratio``, selection ``all``, credit
+    ``outcome``, no views) moves the weights and reports the metrics of the plain loop, exactly,
+    over two epochs."""
+    new, ref = toy_trainer(tmp_path / "a"), toy_trainer(tmp_path / "b")
+    for epoch in range(2):
+        batch_new, batch_ref = new.sample(epoch), ref.sample(epoch)
+        assert torch.equal(batch_new.traj.latents, batch_ref.traj.latents)
+        adv_new, _ = new.advantages(batch_new)
+        adv_ref, _ = ref.advantages(batch_ref)
+        assert adv_new.shape == (16, 1, 1, 1)
+        got = new.update(batch_new, adv_new, epoch)
+        want = reference_update(ref, batch_ref, adv_ref.flatten(), epoch)
+        for key, value in want.items():
+            assert got[key] == value, key
+        a, b = lora(new), lora(ref)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def contract_cases() -> list[tuple[str, str, str, int]]:
+    cases = [(o, s, c, 0) for o in OBJECTIVES.names() for s in STEP_SELECTIONS.names()
+             for c in CREDITS.names()]
+    return cases + [(o, s, "outcome", 1) for o in OBJECTIVES.names()
+                    for s in STEP_SELECTIONS.names()]
+
+
+def assert_ratio_one(t: Trainer) -> dict:
+    """Run the objective on every unit of one rollout batch before any update; every ratio is 1."""
+    batch = t.sample(0)
+    t.views.extend(t, batch, 0)
+    adv, metrics = t.advantages(batch)
+    from flowgrpo.trainer import canonical_advantages
+
+    batch.advantages = canonical_advantages(adv, batch)
+    state = t.objective.prepare(batch)
+    idx = torch.arange(len(batch.groups))
+    units = t.objective.units(batch)
+    assert units
+    for unit in units:
+        _, out = t.objective.loss(batch, state, idx, unit)
+        assert abs(float(out["train/ratio_max"]) - 1) <= 1e-6, unit
+        assert abs(float(out["train/ratio_min"]) - 1) <= 1e-6, unit
+    return metrics
+
+
+@pytest.mark.parametrize("objective,selection,credit,views", contract_cases(),
+                         ids=lambda v: str(v))
+def test_ratio_is_one_before_the_first_update_on_the_toy(tmp_path, objective, selection, credit,
+                                                         views):
+    t = toy_trainer(tmp_path, f"train.objective={objective}",
+                    f"train.step_selection={selection}", f"train.credit={credit}",
+                    f"train.views={views}", "train.beta=0.01")
+    assert_ratio_one(t)
+
+
+@pytest.mark.parametrize("objective,selection,credit,views", contract_cases(),
+                         ids=lambda v: str(v))
+def test_ratio_is_one_before_the_first_update_on_tiny_sd3_with_cfg(
+        tiny_sd3_dir, tmp_path, brightness_reward, objective, selection, credit, views):
+    cfg = make_config(tiny_sd3_dir, tmp_path, brightness_reward, model={"guidance": 3.0},
+                      train={"objective": objective, "step_selection": selection,
+                             "credit": credit, "views": views, "beta": 0.1})
+    assert_ratio_one(Trainer(cfg))
+
+
+def test_model_calls_are_counted_per_sample_with_cfg_twice(tiny_sd3_dir, tmp_path,
+                                                          brightness_reward):
+    t = Trainer(make_config(tiny_sd3_dir, tmp_path, brightness_reward,
+                            model={"guidance": 3.0}, train={"beta": 0.1},
+                            run={"epochs": 1, "eval_every": 1}))
+    row = t.train()
+    # 8 samples, 4 steps, CFG doubles every call: rollout 8*4*2; reference and training
+    # replay the 3 trained steps (the last is never trained)
+    assert row["calls/nograd"] == 8 * 4 * 2 + 8 * 3 * 2
+    assert row["calls/grad"] == 8 * 3 * 2
+    assert row["calls/nograd_total"] == row["calls/nograd"]  # eval is not counted
+
+
+def test_zero_advantages_with_a_kl_term_still_train_toward_the_reference(
+        tiny_sd3_dir, tmp_path, brightness_reward):
+    """With beta > 0, skipping a zero-advantage sample would drop its KL gradient: it is kept."""
+    t = Trainer(make_config(tiny_sd3_dir, tmp_path, brightness_reward,
+                            train={"beta": 1.0, "lr": 1e-2, "weight_decay": 0.0}))
+    with torch.no_grad():  # move the policy away from the reference first
+        for name, p in t.adapter.transformer.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
+    batch = t.sample(0)
+    zeros = torch.zeros(len(batch.groups))
+    first = t.update(batch, zeros, 0)
+    second = t.update(batch, zeros, 0)
+    assert first["train/samples"] == 8
+    assert first["train/kl"] > 0
+    assert second["train/kl"] < first["train/kl"]
+
+
+def test_solve_equals_a_deterministic_rollout(tmp_path):
+    t = toy_trainer(tmp_path)
+    sigmas = t.adapter.schedule(10)
+    noise = t.adapter.noise(4, torch.Generator().manual_seed(0))
+    cond = t.encode(["a handwritten digit 3"] * 4)
+    none = torch.zeros(4, 0, dtype=torch.long)
+    traj = rollout(t.adapter, RolloutSpec(t.sampler), cond, noise, sigmas, none)
+    euler = solve(t.adapter, noise, sigmas, cond, 1.0)
+    assert torch.equal(traj.final, euler)
+    # a completion from the middle of the deterministic path lands on the same sample
+    assert torch.equal(solve(t.adapter, traj.latents[:, 4], sigmas[4:], cond, 1.0), euler)
+    dpm = solve(t.adapter, noise, sigmas, cond, 1.0, method="dpm2")  # accuracy: test_dpm.py
+    assert torch.isfinite(dpm).all() and not torch.equal(dpm, euler)
+
+
+def test_per_sample_steps_are_stochastic_only_where_selected(tmp_path):
+    t = toy_trainer(tmp_path, "train.step_selection=flash")
+    batch = t.sample(3)
+    traj = batch.traj
+    assert traj.trained.shape == (16, 1)
+    ode = samplers.get("ode")
+    for i in range(16):
+        k_train = int(traj.trained[i, 0])
+        for k in range(len(traj.sigmas) - 1):
+            x = traj.latents[i:i + 1, k].float()
+            v = t.adapter.velocity(x, traj.sigmas[k].expand(1), traj.cond.index([i]), 1.0)
+            euler = ode.transition(v, x, float(traj.sigmas[k]), float(traj.sigmas[k + 1])).mean
+            gap = (traj.latents[i:i + 1, k + 1] - euler).abs().max()
+            assert (gap > 1e-3) if k == k_train else (gap < 1e-5), (i, k, float(gap))
+
+
+def test_libraries_import_only_the_registry_from_flowgrpo():
+    code = ("import sys, samplers, pipelines, reward_models; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'flowgrpo'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "['flowgrpo', 'flowgrpo.registry']"
