@@ -55,10 +55,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     import reward_models
     import samplers
 
-    from . import advantages, losses
+    from . import advantages, credit, enhancers, losses, objectives, steps
 
     for title, names in (("pipelines", pipelines.names()), ("samplers", samplers.names()),
+                         ("objectives", objectives.OBJECTIVES.names()),
                          ("losses", losses.LOSSES.names()),
+                         ("step selections", steps.STEP_SELECTIONS.names()),
+                         ("window strategies", list(samplers.window.STRATEGIES)),
+                         ("credits", credit.CREDITS.names()),
+                         ("enhancers", enhancers.names()),
                          ("advantages", advantages.ADVANTAGES.names()),
                          ("rewards", reward_models.names())):
         print(f"{title}: {', '.join(names)}")
@@ -136,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("serve-reward", help="serve a reward over HTTP (see serve-reward --help)",
                    add_help=False)
-    p = sub.add_parser("list", help="registered pipelines, samplers, losses and rewards")
+    p = sub.add_parser("list", help="registered pipelines, samplers, objectives, losses, step "
+                       "selections, credits, enhancers and rewards")
     p.set_defaults(func=cmd_list)
     return parser
 

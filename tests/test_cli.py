@@ -47,6 +47,14 @@ def test_config_prints_resolved_yaml_and_lists_registries(tiny_config, capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "samplers: cps, langevin, ode, sde" in out and "losses: clip" in out
+    for line in ("objectives: ratio", "step selections: all, flash, window",
+                 "credits: outcome, turning_point", "enhancers: callable, remote, template",
+                 "window strategies: progressive, random, fixed, decay, exp_decay"):
+        assert line in out
+    assert main(["config", "--help-fields"]) == 0
+    fields = capsys.readouterr().out
+    for key in ("objective", "step_selection_params", "credit", "views", "enhancer_params"):
+        assert f"  {key} = " in fields
 
 
 def test_bad_override_exits_2_with_message(tiny_config, capsys):
