@@ -28,19 +28,16 @@ naming it and the valid ones.
 
 from __future__ import annotations
 
-import http.client
 import importlib
 import inspect
 import json
 import random
 import re
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from flowgrpo.registry import Registry
+from reward_models.remote import post_with_retries
 
 __all__ = [
     "ENHANCERS",
@@ -251,9 +248,6 @@ class CallableEnhancer:
         return check_views(views, prompts, num_views, f"enhancer {self.target!r}")
 
 
-RETRY_CODES = (408, 429, 502, 503, 504)
-
-
 @register("remote")
 class RemoteEnhancer:
     """Views from an enhancer served over HTTP (the hook for an LLM served elsewhere).
@@ -295,51 +289,17 @@ class RemoteEnhancer:
         self.url, self.token = url, token
         self.timeout, self.retries, self.backoff = float(timeout), int(retries), float(backoff)
 
-    def _fail(self, err: urllib.error.HTTPError) -> Exception:
-        try:
-            message = str(json.loads(err.read()).get("error", err.reason))
-        except (ValueError, AttributeError, OSError):
-            message = str(err.reason)
-        where = f"enhancer server at {self.url}"
-        if err.code in (401, 403):
-            return PermissionError(f"{where} refused the token (HTTP {err.code})")
-        if err.code < 500:
-            return ValueError(f"{where} rejected the request (HTTP {err.code}): {message}")
-        return RuntimeError(f"{where} failed (HTTP {err.code}): {message}")
-
     def __call__(self, prompts: list[str], num_views: int, seed: int) -> list[list[str]]:
         _check_request(prompts, num_views)
         body = json.dumps({"prompts": list(prompts), "num_views": num_views, "seed": int(seed)})
-        headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        attempts, last = self.retries + 1, "no attempt made"
-        for attempt in range(attempts):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            request = urllib.request.Request(
-                self.url, data=body.encode(), headers=headers, method="POST"
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    raw = response.read()
-            except urllib.error.HTTPError as err:
-                if err.code not in RETRY_CODES:
-                    raise self._fail(err) from None
-                last = f"HTTP {err.code}"
-                continue
-            except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
-                last = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
-                continue
-            try:
-                answer = json.loads(raw)
-            except ValueError:
-                raise ValueError(f"enhancer server at {self.url} answered with non-JSON") from None
-            if not isinstance(answer, dict) or "views" not in answer:
-                raise ValueError(f"enhancer server at {self.url} answered without a 'views' key")
-            where = f"enhancer server at {self.url}"
-            return check_views(answer["views"], prompts, num_views, where)
-        raise ConnectionError(
-            f"enhancer server at {self.url} is unreachable after {attempts} attempts "
-            f"(timeout {self.timeout:g}s each); last error: {last}"
-        )
+        where = f"enhancer server at {self.url}"
+        raw = post_with_retries(self.url, body.encode(), timeout=self.timeout,
+                                retries=self.retries, backoff=self.backoff, token=self.token,
+                                what="enhancer server")
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            raise ValueError(f"{where} answered with non-JSON") from None
+        if not isinstance(answer, dict) or "views" not in answer:
+            raise ValueError(f"{where} answered without a 'views' key")
+        return check_views(answer["views"], prompts, num_views, where)

@@ -33,6 +33,39 @@ def _error_message(err: urllib.error.HTTPError) -> str:
         return str(err.reason)
 
 
+def post_with_retries(url: str, body: bytes, *, timeout: float, retries: int, backoff: float,
+                      token: str | None = None, what: str = "server") -> bytes:
+    """POST a JSON ``body`` to ``url`` and return the answer's bytes, with the failure rules of
+    this module's docstring (``what`` names the server in the messages)."""
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    where = f"{what} at {url}"
+    attempts, last = retries + 1, "no attempt made"
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(backoff * 2 ** (attempt - 1))
+        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.read()
+        except urllib.error.HTTPError as err:
+            message = _error_message(err)
+            if err.code in RETRY_CODES:
+                last = f"HTTP {err.code}: {message}"
+                continue
+            if err.code in (401, 403):
+                raise PermissionError(f"{where} refused the token (HTTP {err.code})") from None
+            if err.code < 500:
+                msg = f"{where} rejected the request (HTTP {err.code}): {message}"
+                raise ValueError(msg) from None
+            raise RuntimeError(f"{where} failed (HTTP {err.code}): {message}") from None
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
+            last = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
+    raise ConnectionError(f"{where} is unreachable after {attempts} attempts "
+                          f"(timeout {timeout:g}s each); last error: {last}")
+
+
 @register("remote")
 class RemoteReward:
     """Score with a reward served at ``url``.
@@ -65,32 +98,6 @@ class RemoteReward:
     def __call__(self, media: Media, prompts: list[str], metadata: list[dict]) -> RewardOutput:
         check_batch(media, prompts, metadata, reward="remote")
         body = encode_request(media, prompts, metadata)
-        headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        attempts, last = self.retries + 1, "no attempt made"
-        for attempt in range(attempts):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    return decode_output(json.loads(response.read()))
-            except urllib.error.HTTPError as err:
-                message = _error_message(err)
-                if err.code in RETRY_CODES:
-                    last = f"HTTP {err.code}: {message}"
-                    continue
-                where = f"reward server at {self.url}"
-                if err.code in (401, 403):
-                    raise PermissionError(f"{where} refused the token (HTTP {err.code})") from None
-                if err.code < 500:
-                    msg = f"{where} rejected the batch (HTTP {err.code}): {message}"
-                    raise ValueError(msg) from None
-                raise RuntimeError(f"{where} failed (HTTP {err.code}): {message}") from None
-            except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
-                last = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
-        raise ConnectionError(
-            f"reward server at {self.url} is unreachable after {attempts} attempts "
-            f"(timeout {self.timeout:g}s each); last error: {last}"
-        )
+        raw = post_with_retries(self.url, body, timeout=self.timeout, retries=self.retries,
+                                backoff=self.backoff, token=self.token, what="reward server")
+        return decode_output(json.loads(raw))
