@@ -140,8 +140,11 @@ def test_resume_auto_continues_from_checkpoint(tiny_sd3_dir, tmp_path, brightnes
         torch.testing.assert_close(a, b, atol=0, rtol=0)
     assert second.optimizer.state_dict()["state"], "optimizer state not restored"
     second.train()
-    steps = [r["step"] for r in read_metrics(tmp_path)]
+    rows = read_metrics(tmp_path)
+    steps = [r["step"] for r in rows]
     assert steps == [0, 1, 2, 3]  # continued at step 3, no restart at 0
+    # the running model-call totals continue too (every epoch makes the same calls here)
+    assert rows[3]["calls/nograd_total"] == 3 * rows[1]["calls/nograd"] > 0
     assert (tmp_path / "checkpoints" / "step_3" / "state.json").is_file()
 
 
