@@ -154,21 +154,21 @@ class FlashSteps(StepSelection):
 
 
 def rectification(sampler: Sampler, sigmas: torch.Tensor, steps: list[int]) -> dict[int, float]:
-    """``{k: sigma_k / |b_k|}``: the inverse of the log-prob gradient's scale at step ``k``
-    (see :class:`FlashSteps`), from the sampler's own transition."""
-    out = {}
+    """``{k: std_k / |b_k|}``: the inverse of the log-prob gradient's scale at step ``k`` (see
+    :class:`FlashSteps`), from the sampler's own transition: ``b`` is its mean at ``v = 1``
+    minus its mean at ``v = 0`` (from ``x = 0``; a second model call, if the sampler makes one,
+    sees the same constant velocity)."""
     zero, one = torch.zeros(1, 1), torch.ones(1, 1)
+    out = {}
     for k in steps:
         s, s_next = float(sigmas[k]), float(sigmas[k + 1])
-
-        def const(x, sigma, v=one):
-            return v.expand_as(x)
-
-        at_one = sampler.transition(one, zero, s, s_next, velocity_fn=const)
-        at_zero = sampler.transition(zero, zero, s, s_next,
-                                     velocity_fn=lambda x, sigma: zero.expand_as(x))
-        slope = float((at_one.mean - at_zero.mean).abs().reshape(-1)[0])
-        out[k] = float(at_one.std.reshape(-1)[0]) / max(slope, 1e-12)
+        means = []
+        for v in (one, zero):
+            tr = sampler.transition(v, zero, s, s_next,
+                                    velocity_fn=lambda x, sigma, v=v: v.expand_as(x))
+            means.append(tr.mean)
+        slope = float((means[0] - means[1]).abs().reshape(-1)[0])
+        out[k] = float(tr.std.reshape(-1)[0]) / max(slope, 1e-12)
     return out
 
 
