@@ -15,10 +15,15 @@ Step ``k`` (0-based, shape ``[B, K]``) is credited with its incremental reward
 towards the trajectory's overall trend ``R_K - R_0`` and after which the reward keeps moving that
 way. A turning point receives the aggregated long-term reward ``R_K - R_k`` instead, and positive
 and negative turning points are balanced in number. :func:`turning_points` implements the rule;
+:class:`TurningPointCredit` (``train.credit: turning_point``) runs the completions and scores them;
 the advantages are then normalised per trained step (one column of ``[B, K]`` at a time), which
 :func:`flowgrpo.advantages.compute_advantages` already does for a ``[B, K]`` reward. Cost: one
 extra ODE completion and reward call per trained step per sample (``K - 1`` completions plus the
 pure-ODE rollout, since ``R_K`` is the trajectory's own reward).
+
+The module holds the credit registry (``train.credit``): a credit scheme turns a scored rollout
+batch into the rewards ``[B, V, J, P]`` that advantages come from; ``outcome`` (one reward per
+sample, view or region, the default) and ``turning_point`` are registered.
 """
 
 from __future__ import annotations
@@ -277,7 +282,8 @@ class TurningPointCredit(Credit):
             final[rows] = solve(trainer.adapter, traj.latents[rows, k].float(), sigmas[k:],
                                 traj.cond.index(rows), cfg.model.guidance, self.solver,
                                 trainer.autocast)
-        media = trainer.adapter.decode(final)
+        with trainer.offloaded(("vae",)):
+            media = trainer.adapter.decode(final)
         return trainer.rewards.score(media, batch.prompts, batch.metadata).scores.float().cpu()
 
 

@@ -66,8 +66,9 @@ class Trainer:
 
         self.adapter = load_adapter(cfg.model, self.acc.device)
         self.params = make_trainable(cfg.model, self.adapter)
-        self.calls = CallCounter([self.adapter.transformer,
-                                  *filter(None, [getattr(self.adapter, "reference_copy", None)])])
+        reference_copy = getattr(self.adapter, "reference_copy", None)  # full fine-tuning only
+        self.calls = CallCounter([m for m in (self.adapter.transformer, reference_copy)
+                                  if m is not None])
         self.optimizer = torch.optim.AdamW(
             self.params, lr=cfg.train.lr, betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
             weight_decay=cfg.train.weight_decay,
