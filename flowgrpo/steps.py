@@ -108,9 +108,16 @@ class FlashSteps(StepSelection):
     a shifted schedule. The weight ``w = sigma / |b|`` cancels it; weights are divided by their
     mean over the candidate steps, so the learning rate keeps its meaning. ``b`` is read off the
     sampler itself (its mean at ``v = 1`` minus at ``v = 0``), so the rule holds for every
-    registered sampler. Flash-GRPO (Shredded-Pork/Flash-GRPO) applies its rectification as a
-    per-timestep multiplier of the policy loss; ours multiplies the step's advantage, which is
-    the same for every registered loss (all are linear in the advantage).
+    registered sampler.
+
+    Checked against the authors' code (Shredded-Pork/Flash-GRPO, ``scripts/train_wanx2_1_flash.py``
+    and its SDE step): their weight ``coe_t = 1 / (sqrt(-dt) / g + g sqrt(-dt) (1 - s) / (2 s))``
+    is this ``std / |b|`` for their SDE; they multiply the clipped policy terms by it, which
+    equals scaling the advantage (ours) for every registered loss, since all are linear in the
+    advantage at a given ratio. Differences: they normalise by the weight's mean over the
+    drawn batch, we by its mean over the candidate steps (a constant of the run); they draw the
+    step from the first half of the schedule with Python's global RNG, we from ``steps`` (all
+    trainable steps by default) seeded by ``(seed, iteration, group)``.
 
     Args:
         steps: candidate step indices (``[]``: every step the sampler calls trainable).
