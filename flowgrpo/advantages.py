@@ -20,6 +20,28 @@ name           std                                      reference
                                                         R1-Zero-like training")
 =============  =======================================  =========================================
 
+Four more estimators reshape the GRPO advantage ``z = (r - mean_g) / (std_g + eps)`` (details and
+sources in their docstrings):
+
+===============  ====================================================  ==========================
+name             advantage                                             reference
+===============  ====================================================  ==========================
+``focal``        ``z * (1 - p_g)^gamma``                               F-GRPO, arXiv:2602.06717
+``a_grae``       easy/hard reweighting of ``z`` on a curriculum,       A-GRAE, arXiv:2602.05548
+                 positive advantages attenuated
+``dual_anchor``  ``z + alpha (r - b) / (s + eps)``, ``b``/``s`` a      MDP-GRPO, arXiv:2606.06058
+                 running (EMA) batch mean/std kept in ``state``
+``rcc``          ``(r - mean_g - coef Cov_g(r, c)) / (std_g + eps)``   BiCC/RCC, arXiv:2603.13134
+===============  ====================================================  ==========================
+
+``p_g`` is a group's success rate: its mean reward normalised to ``[0, 1]`` (see
+:func:`success_rate`), exactly the fraction of successes for binary rewards.
+
+Estimators may declare extra keyword-only parameters, set from the config
+(``train.advantage_params``; :func:`estimator_params` lists them), and the run-time inputs
+:data:`RUNTIME_INPUTS` (``state``, ``progress``, ``confidence``), which
+:func:`compute_advantages` passes only to an estimator whose signature declares them.
+
 Standard deviations are population ones (``ddof = 0``, as ``np.std`` in the Flow-GRPO reference),
 so with ``group`` every group of non-constant rewards has zero mean and, up to ``eps``, unit
 standard deviation. A group whose rewards are all equal (including a group of one sample) carries
@@ -30,7 +52,11 @@ trainer can skip them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import difflib
+import inspect
+import math
+import numbers
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
 import torch
 from torch import Tensor
@@ -43,22 +69,94 @@ Rewards = Tensor | Mapping[str, Tensor]
 ADVANTAGES: Registry[Estimator] = Registry("advantage estimator")
 AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
+RUNTIME_INPUTS = ("state", "progress", "confidence")
+"""Inputs the trainer supplies per call (never the config); passed only to estimators declaring
+them: ``state`` (a mutable JSON-serialisable dict kept across iterations and saved in
+checkpoints), ``progress`` (fraction of training done, in ``[0, 1]``), ``confidence`` (a per-sample
+policy-confidence tensor, ``[B]`` or shaped like the rewards)."""
+_SUPPLIED = ("rewards", "groups", "eps", *RUNTIME_INPUTS)
+
 __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
+    "RUNTIME_INPUTS",
+    "check_params",
     "compute_advantages",
+    "estimator_params",
     "get",
     "zero_std_groups",
 ]
 
 
 def get(name: str) -> Estimator:
-    """Return the advantage estimator registered as ``name`` (``group``, ``global_std``, ``none``).
+    """Return the advantage estimator registered as ``name`` (``group``, ``focal``, ...).
 
     Raises:
         UnknownNameError: naming the valid estimators.
     """
     return ADVANTAGES.get(name)
+
+
+def _keyword_names(fn: Callable[..., object]) -> list[str]:
+    """Names ``fn`` accepts as keyword arguments, in signature order."""
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in inspect.signature(fn).parameters.values() if p.kind in keyword]
+
+
+def estimator_params(name: str) -> list[str]:
+    """The parameters a config (``train.advantage_params``) may set for estimator ``name``.
+
+    Every keyword parameter of the estimator except those the caller supplies: ``rewards``,
+    ``groups``, ``eps`` and the run-time inputs :data:`RUNTIME_INPUTS`.
+
+    Raises:
+        UnknownNameError: naming the valid estimators.
+    """
+    return [p for p in _keyword_names(get(name)) if p not in _SUPPLIED]
+
+
+def check_params(name: str, params: Mapping[str, object] | None) -> None:
+    """Check that ``params`` only names parameters of estimator ``name`` (values are checked
+    when the estimator runs).
+
+    Raises:
+        UnknownNameError: ``name`` is not a registered estimator.
+        TypeError: one line naming the unknown parameter, the closest valid one and every valid
+            one (``state``/``progress``/``confidence`` come from the trainer, not the config).
+    """
+    valid = estimator_params(name)
+    if params is None:
+        return
+    if not isinstance(params, Mapping):
+        raise TypeError(f"advantage params must be a dict, got {type(params).__name__}")
+    unknown = [key for key in params if key not in valid]
+    if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), valid, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        supplied = " (supplied by the trainer)" if unknown[0] in _SUPPLIED else ""
+        raise TypeError(f"advantage estimator {name!r} got an unknown parameter "
+                        f"{unknown[0]!r}{supplied}{hint}; valid: {', '.join(valid) or 'none'}")
+
+
+def _real(name: str, value: object, low: float | None = None, high: float | None = None,
+          low_open: bool = False, high_open: bool = False) -> float:
+    """``value`` as a finite float within the given bounds, else a one-line TypeError/ValueError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    below = low is not None and (value <= low if low_open else value < low)
+    above = high is not None and (value >= high if high_open else value > high)
+    if not math.isfinite(value) or below or above:
+        interval = (f"{'(' if low_open else '['}{'-inf' if low is None else low}, "
+                    f"{'inf' if high is None else high}{')' if high_open else ']'}")
+        raise ValueError(f"{name} must be in {interval}, got {value}")
+    return value
+
+
+def _choice(name: str, value: object, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+    return str(value)
 
 
 def _check(rewards: Tensor, groups: Tensor) -> tuple[Tensor, Tensor]:
@@ -218,6 +316,10 @@ def compute_advantages(
     weights: Mapping[str, float] | None = None,
     aggregation: str = "sum_then_normalize",
     eps: float = 1e-4,
+    params: Mapping[str, object] | None = None,
+    state: MutableMapping | None = None,
+    progress: float = 0.0,
+    confidence: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Advantages of one (gathered) batch of rollouts, with their rollout metrics.
 
@@ -240,6 +342,17 @@ def compute_advantages(
               the number of rewards. ``S`` already has zero mean in every group, hence over the
               batch, so GDPO's batch-wise standardization reduces to this division.
         eps: the estimators' (and the batch renormalization's) ``eps``.
+        params: the estimator's extra parameters (``train.advantage_params``); names are checked
+            by :func:`check_params` (one-line TypeError), values by the estimator.
+        state: a mutable JSON-serialisable dict the trainer keeps across iterations and saves
+            in checkpoints; passed only to an estimator declaring ``state`` (``dual_anchor``).
+            With ``sum_then_normalize`` the estimator gets ``state`` itself; with
+            ``normalize_then_sum`` it runs once per named reward and gets ``state[name]`` (a
+            sub-dict created on first use), so each reward keeps its own running statistics.
+        progress: fraction of training done, in ``[0, 1]``; passed only to an estimator
+            declaring ``progress`` (``a_grae``).
+        confidence: per-sample policy confidence, ``[B]`` or shaped like the rewards; passed only
+            to an estimator declaring ``confidence`` (``rcc``).
 
     Returns:
         ``(advantages [B, *E] float32, metrics)`` with float metrics ``rollout/zero_std_frac``
@@ -254,14 +367,30 @@ def compute_advantages(
     if adv_clip is not None and adv_clip < 0:
         raise ValueError(f"adv_clip must be positive (or None/0 to disable), got {adv_clip}")
     estimate = get(estimator)
+    check_params(estimator, params)
+    progress = _real("progress", progress, low=0.0, high=1.0)
+    if state is not None and not isinstance(state, MutableMapping):
+        raise TypeError(f"state must be a dict (or None), got {type(state).__name__}")
+    declared = _keyword_names(estimate)
+    kwargs = dict(params or {})
+    kwargs.update({key: value for key, value in (("progress", progress),
+                                                ("confidence", confidence)) if key in declared})
+    stateful = "state" in declared
     named = _as_named(rewards, weights)
 
     if aggregation == "sum_then_normalize":
         mixed = sum(w * _check(r, groups)[0] for r, w in named.values())
-        adv = estimate(mixed, groups, eps=eps)
+        if stateful:
+            kwargs["state"] = state
+        adv = estimate(mixed, groups, eps=eps, **kwargs)
         constant = _constant_mask([mixed], groups)
     else:
-        summed = sum(w * estimate(r, groups, eps=eps) for r, w in named.values())
+        def one(name: str, reward: Tensor) -> Tensor:
+            if stateful:
+                kwargs["state"] = None if state is None else state.setdefault(name, {})
+            return estimate(reward, groups, eps=eps, **kwargs)
+
+        summed = sum(w * one(name, r) for name, (r, w) in named.items())
         adv = summed / (summed.std(dim=0, correction=0, keepdim=True) + eps)
         # A reward of weight 0 cannot make a group's advantages non-zero.
         constant = _constant_mask([r for r, w in named.values() if w != 0], groups)
@@ -280,3 +409,7 @@ def compute_advantages(
         "rollout/adv_clipped_frac": clipped_frac,
     }
     return adv, metrics
+
+
+# the estimators beyond GRPO register themselves here
+from . import advantage_variants  # noqa: E402,F401

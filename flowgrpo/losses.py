@@ -38,11 +38,20 @@ LossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 
 LOSSES: Registry[LossFn] = Registry("loss")
 
-__all__ = ["LOSSES", "clip_loss", "get", "guard_loss", "sapo_loss", "stable_loss"]
+__all__ = [
+    "LOSSES",
+    "clip_loss",
+    "get",
+    "guard_loss",
+    "sapo_loss",
+    "stable_loss",
+]
 
 
 def get(name: str) -> LossFn:
-    """Return the policy loss registered as ``name`` (``clip``, ``guard``, ``sapo``, ``stable``).
+    """Return the policy loss registered as ``name``.
+
+    Registered: ``clip``, ``gate``, ``guard``, ``mhpo``, ``mu_grpo``, ``sapo``, ``stable``.
 
     Raises:
         UnknownNameError: naming the valid losses.
@@ -67,6 +76,13 @@ def _check_bounds(clip_low: float, clip_high: float) -> None:
         raise ValueError(f"clip_low must be in [0, 1) (Flow-GRPO uses 1e-4), got {clip_low}")
     if clip_high < 0.0:
         raise ValueError(f"clip_high must be >= 0 (Flow-GRPO uses 1e-4), got {clip_high}")
+
+
+def _check_positive(**params: float) -> None:
+    """Raise a one-line ``ValueError`` naming the first parameter that is not ``> 0``."""
+    for name, value in params.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
 
 
 def _metrics(log_ratio: Tensor, active: Tensor) -> dict[str, Tensor]:
@@ -266,3 +282,7 @@ def guard_loss(
     normalized = ((log_ratio - log_ratio.detach().mean()) * scale).exp()
     per_sample, cut = _ppo_clip(normalized, adv, clip_low, clip_high)
     return per_sample.mean(), _metrics(log_ratio, cut)
+
+
+# the gate family, MHPO and Mu-GRPO register themselves here
+from . import loss_variants  # noqa: E402,F401

@@ -14,8 +14,9 @@ from flowgrpo.registry import UnknownNameError
 EPS = 1e-4
 
 
-def test_registry_holds_the_three_estimators():
-    assert ADVANTAGES.names() == ["global_std", "group", "none"]
+def test_registry_holds_the_estimators():
+    assert ADVANTAGES.names() == ["a_grae", "dual_anchor", "focal", "global_std", "group", "none",
+                                  "rcc"]
     assert advantages.get("group") is advantages.group_advantages
 
 

@@ -30,9 +30,9 @@ def _run(name: str, log_ratio: list[float], adv: list[float], **params):
     return loss.detach(), logp.grad, metrics
 
 
-def test_registry_holds_the_four_losses():
-    assert ALL == ["clip", "guard", "sapo", "stable"]
-    with pytest.raises(UnknownNameError, match="clip, guard, sapo, stable"):
+def test_registry_holds_the_losses():
+    assert ALL == ["clip", "gate", "guard", "mhpo", "mu_grpo", "sapo", "stable"]
+    with pytest.raises(UnknownNameError, match="clip, gate, guard, mhpo, mu_grpo, sapo, stable"):
         losses.get("ppo")
 
 
