@@ -64,6 +64,8 @@ class RolloutBatch:
         regions: ``[P, ...]`` region membership maps on the latent grid (region rewards), or
             None.
         info: scalar metrics the later phases report (averaged over processes).
+        sample_weights: ``[B]`` importance weights of the samples (1 unless pruned).
+        iteration: the training iteration the batch belongs to.
     """
 
     traj: Trajectory
@@ -77,12 +79,17 @@ class RolloutBatch:
     advantages: torch.Tensor | None = None
     regions: torch.Tensor | None = None
     info: dict[str, float] = field(default_factory=dict)
+    sample_weights: torch.Tensor | None = None
+    iteration: int = 0
 
     def __post_init__(self) -> None:
         self.views = self.views or [self.traj.cond]
         self.view_rewards = self.view_rewards or [self.reward]
+        if self.sample_weights is None:
+            self.sample_weights = torch.ones(len(self.groups))
 
     @staticmethod
-    def build(trajs, prompts, metadata, groups, reward, step_weights) -> RolloutBatch:
+    def build(trajs, prompts, metadata, groups, reward, step_weights,
+              iteration: int = 0) -> RolloutBatch:
         return RolloutBatch(cat_trajectories(trajs), prompts, metadata, groups, reward,
-                            step_weights)
+                            step_weights, iteration=iteration)

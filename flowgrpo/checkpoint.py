@@ -146,12 +146,16 @@ def save_trainer(trainer: Trainer, step: int) -> Path | None:
                           dict(zip(names, trainer.params)))
         if trainer.ema is not None:
             save_tensors(tmp / "ema.safetensors", trainer.ema.state_dict())
+        snapshots = trainer.objective.state_dict()  # e.g. DiffusionNFT's old policy
+        if snapshots:
+            save_tensors(tmp / "objective.safetensors", snapshots)
         tensors, meta_opt = optimizer_to_flat(trainer.optimizer.state_dict())
         save_tensors(tmp / "optimizer.safetensors", tensors)
         write_json(tmp / "optimizer.json", meta_opt)
         write_json(tmp / "state.json", {"step": step,
                                              "world_size": trainer.world,
                                              "calls": trainer.calls.state(),
+                                             "advantage_state": trainer.adv_state,
                                              "config": to_dict(trainer.cfg)})
         final = commit(tmp, trainer.cfg.run.keep_checkpoints)
     trainer.acc.wait_for_everyone()
@@ -179,6 +183,9 @@ def load_trainer(trainer: Trainer, folder: Path) -> None:
     load_rng(folder, trainer.rank)
     trainer.start_epoch = int(state["step"])  # one epoch per step
     trainer.calls.load(state.get("calls", {}))
+    trainer.adv_state.update(state.get("advantage_state", {}))
+    if (folder / "objective.safetensors").is_file():
+        trainer.objective.load_state_dict(load_file(str(folder / "objective.safetensors")))
     if trainer.acc.is_main_process:
         print(f"resuming from {folder} at step {trainer.start_epoch}")
 

@@ -115,12 +115,9 @@ class SamplerConfig:
 
         _choice("sampler.name", self.name, samplers.names())
         try:
-            sampler = samplers.get(self.name, **self.params)
+            samplers.get(self.name, **self.params)
         except (TypeError, ValueError) as err:
             raise ConfigError(f"sampler.params: {err}") from None
-        _check(sampler.is_stochastic, "sampler", f"{self.name} {self.params}",
-               "a deterministic sampler (std 0) cannot be trained by a per-step ratio; "
-               "use a noise level > 0")
         _check(self.num_steps >= 2, "sampler.num_steps", self.num_steps, "must be >= 2")
         _check(self.eval_num_steps >= 0, "sampler.eval_num_steps", self.eval_num_steps,
                "must be >= 0")
@@ -198,13 +195,18 @@ class TrainConfig:
     adam_beta1: float = _help("AdamW beta1", default=0.9)
     adam_beta2: float = _help("AdamW beta2", default=0.999)
     max_grad_norm: float = _help("gradient-norm clip (0: off)", default=1.0)
-    loss: str = _help("policy loss (losses registry): clip, sapo, stable, guard", default="clip")
+    loss: str = _help("policy loss (losses registry): clip, sapo, stable, guard, gate, mhpo, "
+                      "mu_grpo", default="clip")
     loss_params: dict = _help("loss parameters, e.g. {clip_low: 1e-4, clip_high: 1e-4}",
                               default_factory=dict)
     beta: float = _help("KL weight against the reference model (0: no reference calls)",
                         default=0.0)
+    kl: str = _help("KL estimator (flowgrpo.kl): exact, flow_grpo (Flow-GRPO's form, = exact * "
+                    "|dt|), x_mse; velocity_mse, log_ratio for likelihood-free objectives "
+                    "('': the objective's default)", default="")
     objective: str = _help("what the update minimises (objectives registry): ratio (per-step "
-                           "Gaussian ratio + train.loss)", default="ratio")
+                           "Gaussian ratio + train.loss), elbo, awm (forward-process likelihoods "
+                           "+ train.loss) or nft (DiffusionNFT)", default="ratio")
     objective_params: dict = _help("objective parameters", default_factory=dict)
     step_selection: str = _help("which steps each sample trains: all (every trainable step), "
                                 "window (MixGRPO), flash (one step per prompt group, Flash-GRPO)",
@@ -221,8 +223,15 @@ class TrainConfig:
                           default="template")
     enhancer_params: dict = _help("enhancer parameters, e.g. {templates: ['a photo of {prompt}']}",
                                   default_factory=dict)
-    advantage: str = _help("advantage estimator: group, global_std or none (Dr.GRPO)",
-                           default="group")
+    advantage: str = _help("advantage estimator: group, global_std, none (Dr.GRPO), focal, "
+                           "a_grae, dual_anchor, rcc", default="group")
+    advantage_params: dict = _help("advantage-estimator parameters, e.g. focal {gamma: 2}",
+                                   default_factory=dict)
+    pruner: str = _help("prune low-information samples before the update, reweighting the "
+                        "kept ones so the expected gradient is unchanged: none or dppo",
+                        default="none")
+    pruner_params: dict = _help("pruner parameters, e.g. dppo {group_rate: 0.5, sample_rate: "
+                                "0.5}", default_factory=dict)
     adv_clip: float = _help("advantages clipped to [-adv_clip, adv_clip] (0: off)", default=5.0)
     skip_zero_advantage: bool = _help("skip training samples whose advantages are all exactly "
                                       "0; with beta > 0 they are still trained (their KL term "
@@ -258,12 +267,25 @@ class TrainConfig:
 
     def validate_pieces(self) -> None:
         """Every registered piece's name and parameters, bound to its target's signature."""
-        from . import credit, enhancers, losses, objectives, steps
+        from . import advantages, credit, enhancers, kl, losses, objectives, pruning, steps
 
         _choice("train.objective", self.objective, objectives.OBJECTIVES.names())
         _choice("train.step_selection", self.step_selection, steps.STEP_SELECTIONS.names())
         _choice("train.credit", self.credit, credit.CREDITS.names())
         _choice("train.enhancer", self.enhancer, enhancers.names())
+        _choice("train.pruner", self.pruner, pruning.names())
+        objective = objectives.OBJECTIVES.get(self.objective)
+        _check(not self.kl or self.kl in objective.kl_estimators, "train.kl", self.kl,
+               f"objective {self.objective!r} takes {', '.join(objective.kl_estimators)} "
+               f"(all: {', '.join(kl.KL_ESTIMATORS.names())})")
+        try:
+            advantages.check_params(self.advantage, self.advantage_params)
+        except TypeError as err:
+            raise ConfigError(f"train.advantage_params: {err}") from None
+        pruner = _build("train.pruner_params", pruning.build, self.pruner, **self.pruner_params)
+        _check(not (self.beta > 0 and getattr(pruner, "drop_zero", False)), "train.pruner_params",
+               self.pruner_params, "drop_zero is only unbiased without a KL term (beta = 0): "
+               "set drop_zero: false")
         bind_params("train.loss_params", losses.get(self.loss), self.loss_params, skip=3)
         bind_params("train.objective_params", objectives.OBJECTIVES.get(self.objective),
                     self.objective_params, skip=1)
@@ -313,7 +335,26 @@ class Config:
         self.check_steps()
         _check(not (self.train.views and self.train.credit != "outcome"), "train.views",
                self.train.views, f"views need train.credit: outcome (got {self.train.credit!r})")
+        self.check_sampler()
         return self
+
+    def check_sampler(self) -> None:
+        """A deterministic sampler is allowed exactly when nothing needs per-step transitions."""
+        import samplers
+
+        from .objectives import OBJECTIVES
+
+        tc = self.train
+        if samplers.get(self.sampler.name, **self.sampler.params).is_stochastic:
+            return
+        _check(not OBJECTIVES.get(tc.objective).needs_transitions, "sampler",
+               f"{self.sampler.name} {self.sampler.params}",
+               f"a deterministic sampler (std 0) has no transitions for objective "
+               f"{tc.objective!r} to train; use a noise level > 0 or a likelihood-free objective "
+               "(elbo, nft, awm)")
+        _check(tc.step_selection == "all" and tc.credit == "outcome", "sampler",
+               self.sampler.name, "a deterministic sampler has no stochastic steps to select or "
+               "credit: use train.step_selection: all and train.credit: outcome")
 
     def check_steps(self) -> None:
         """Dry-run the step selection on a uniform schedule of ``sampler.num_steps`` steps, so a

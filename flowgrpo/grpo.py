@@ -18,6 +18,7 @@ import torch
 import samplers
 from pipelines import Cond, FlowAdapter
 
+from .kl import KLInputs
 from .model import reference
 from .rollout import Trajectory, model_velocity
 
@@ -65,7 +66,7 @@ def replay_step(
     idx: torch.Tensor,
     j: int,
     guidance: float,
-    with_kl: bool = False,
+    kl: Callable[[KLInputs], torch.Tensor] | None = None,
     regions: torch.Tensor | None = None,
     autocast: Callable = nullcontext,
     cond: Cond | None = None,
@@ -76,6 +77,8 @@ def replay_step(
         idx: ``[b]`` sample indices into the trajectory.
         j: position along ``traj.trained``'s second axis; sample ``i`` replays step
             ``traj.trained[i, j]``.
+        kl: a KL estimator (:mod:`flowgrpo.kl`) against the reference, or None (no reference
+            call).
         regions: optional ``[P, ...]`` region maps; then ``log_prob`` is ``[b, P]``.
         cond: the condition to replay under (default: the rollout's, ``traj.cond``); a
             ``[B]``-batch encoding indexed by ``idx`` like the trajectory.
@@ -93,10 +96,10 @@ def replay_step(
         log_prob = samplers.gaussian_log_prob(x_next, tr.mean, tr.std)
     else:
         log_prob = region_log_prob(x_next, tr, regions)
-    kl = None
-    if with_kl:
-        with torch.no_grad(), reference(adapter):
-            ref_velocity = model_velocity(adapter, cond, guidance, autocast)
-            ref = sampler.transition(ref_velocity(x, sigma), x, s, s_next, velocity_fn=ref_velocity)
-        kl = samplers.gaussian_kl(tr.mean, ref.mean.detach(), tr.std)
-    return StepResult(log_prob, kl)
+    if kl is None:
+        return StepResult(log_prob, None)
+    with torch.no_grad(), reference(adapter):
+        ref_velocity = model_velocity(adapter, cond, guidance, autocast)
+        ref = sampler.transition(ref_velocity(x, sigma), x, s, s_next, velocity_fn=ref_velocity)
+    dt = s_next - s
+    return StepResult(log_prob, kl(KLInputs(mean=tr.mean, ref_mean=ref.mean, std=tr.std, dt=dt)))

@@ -14,8 +14,8 @@ over the steps) and per region ``P`` (SpatialFlow-GRPO; 1 without regions).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -24,6 +24,7 @@ import torch
 import samplers
 from pipelines import FlowAdapter
 
+from . import kl as kl_lib
 from . import losses
 from .batch import RolloutBatch, chunks
 from .grpo import replay_step
@@ -44,6 +45,9 @@ class Policy:
         beta: KL weight against the reference (0: no reference calls).
         batch_size: samples per no-grad forward when recomputing state.
         autocast: zero-argument context factory around model calls.
+        kl: the KL estimator's name (:mod:`flowgrpo.kl`; ``""``: the objective's default).
+        params: the trainable parameters (objectives that keep snapshots of them).
+        seed: the run seed (objectives that draw noise).
     """
 
     adapter: FlowAdapter
@@ -54,6 +58,9 @@ class Policy:
     beta: float = 0.0
     batch_size: int = 32
     autocast: Callable = field(default=nullcontext)
+    kl: str = ""
+    params: list = field(default_factory=list)
+    seed: int = 0
 
 
 class Objective:
@@ -62,13 +69,32 @@ class Objective:
     Attributes:
         needs_transitions: whether the objective replays the rollout's per-step transitions
             (stored latents and sampling log-probs of the trained steps), or only needs final
-            samples.
+            samples (then rollouts may be deterministic: ``sampler.name: ode``).
+        kl_estimators: the KL estimators it can feed (:mod:`flowgrpo.kl`); the first is the
+            default.
     """
 
     needs_transitions: ClassVar[bool] = True
+    kl_estimators: ClassVar[tuple[str, ...]] = ("exact", "flow_grpo", "x_mse")
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
+        self.kl = kl_lib.get(policy.kl or self.kl_estimators[0]) if policy.beta > 0 else None
+
+    @contextmanager
+    def sampling(self) -> Iterator[None]:
+        """Within the block the model is the sampling policy (default: the trained weights)."""
+        yield
+
+    def after_update(self) -> None:
+        """Called once after each iteration's updates (e.g. to move an old-policy snapshot)."""
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Tensors to checkpoint (snapshots); empty by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore :meth:`state_dict` (a resumed run continues the same snapshots)."""
 
     def prepare(self, batch: RolloutBatch) -> Any:
         """Per-batch state, computed before the first update (under the sampling policy)."""
@@ -108,35 +134,48 @@ class RatioObjective(Objective):
             for v, j in self.units(batch):
                 for sl in chunks(len(batch.groups), self.policy.batch_size):
                     idx = torch.arange(sl.start, sl.stop, device=traj.log_probs.device)
-                    lp = self.replay(batch, idx, v, j, with_kl=False).log_prob
+                    lp = self.replay(batch, idx, v, j, kl=None).log_prob
                     out[sl, v, j] = lp.reshape(len(idx), -1).float()
         return out
 
     def units(self, batch: RolloutBatch) -> list[tuple[int, int]]:
         return [(v, j) for v in range(len(batch.views)) for j in range(batch.traj.num_trained)]
 
-    def replay(self, batch: RolloutBatch, idx: torch.Tensor, v: int, j: int, with_kl: bool):
+    def replay(self, batch: RolloutBatch, idx: torch.Tensor, v: int, j: int, kl):
         p = self.policy
         return replay_step(p.adapter, p.sampler, batch.traj, idx, j, p.guidance,
-                           with_kl=with_kl, regions=batch.regions, autocast=p.autocast,
+                           kl=kl, regions=batch.regions, autocast=p.autocast,
                            cond=batch.views[v])
 
     def loss(self, batch, state, idx, unit):
         p = self.policy
         v, j = unit
-        result = self.replay(batch, idx, v, j, with_kl=p.beta > 0)
+        result = self.replay(batch, idx, v, j, kl=self.kl)
         logp = result.log_prob.reshape(len(idx), -1)
-        adv = batch.advantages[idx, v, j] * batch.step_weights[idx, j][:, None].to(logp.device)
+        weight = batch.sample_weights[idx].to(logp.device)
+        adv = batch.advantages[idx, v, j] * (batch.step_weights[idx, j].to(logp.device)
+                                             * weight)[:, None]
         loss, metrics = losses.get(p.loss)(logp.flatten(), state[idx, v, j].flatten(),
                                            adv.flatten(), **p.loss_params)
-        if result.kl is not None:
-            kl = result.kl.mean()
-            metrics["train/kl"] = kl.detach()
-            loss = loss + p.beta * kl
-        metrics["train/loss"] = loss.detach()
-        return loss, metrics
+        return add_kl(loss, metrics, result.kl, weight, p.beta)
+
+
+def add_kl(loss: torch.Tensor, metrics: dict, kl: torch.Tensor | None, weight: torch.Tensor,
+           beta: float) -> tuple[torch.Tensor, dict]:
+    """``loss + beta * mean(weight * kl)`` with ``train/kl`` and ``train/loss`` metrics; ``weight``
+    is the samples' importance weight (1 unless pruned)."""
+    if kl is not None:
+        kl = (kl * weight).mean()
+        metrics["train/kl"] = kl.detach()
+        loss = loss + beta * kl
+    metrics["train/loss"] = loss.detach()
+    return loss, metrics
 
 
 def build(name: str, policy: Policy, **params: Any) -> Objective:
     """The objective registered as ``name``, bound to ``policy``, with its parameters."""
     return OBJECTIVES.get(name)(policy, **params)
+
+
+# the likelihood-free objectives register themselves here
+from . import likelihood_free  # noqa: E402,F401

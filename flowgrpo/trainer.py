@@ -24,7 +24,7 @@ import samplers
 from . import advantages as adv_lib
 from . import checkpoint as ckpt
 from . import credit as credit_lib
-from . import objectives
+from . import objectives, pruning
 from . import steps as steps_lib
 from .batch import RolloutBatch, chunks
 from .calls import CallCounter
@@ -91,7 +91,10 @@ class Trainer:
                                 self.autocast)
         self.objective = objectives.build(tc.objective, objectives.Policy(
             self.adapter, self.sampler, cfg.model.guidance, tc.loss, tc.loss_params, tc.beta,
-            tc.train_batch_size or tc.batch_size, self.autocast), **tc.objective_params)
+            tc.train_batch_size or tc.batch_size, self.autocast, tc.kl, self.params,
+            cfg.run.seed), **tc.objective_params)
+        self.pruner = pruning.build(tc.pruner, **tc.pruner_params)
+        self.adv_state: dict = {}  # a stateful advantage estimator's running statistics
         self._cond_cache: dict[str, object] = {}
         self.start_epoch = 0
         if self.acc.is_main_process:
@@ -171,7 +174,7 @@ class Trainer:
         if self.rewards.groupwise:  # a group-wise reward must see whole groups in each chunk
             size = max(size // k, 1) * k
         cond_all = self.encode(texts)  # prompt encodings: once per batch, not per chunk
-        with self.offloaded(("vae",)):
+        with self.offloaded(("vae",)), self.objective.sampling():
             for sl in chunks(len(texts), size):
                 cond = cond_all.index(sl)
                 noise = self.adapter.noise(len(cond), noise_gen)
@@ -181,7 +184,7 @@ class Trainer:
                 pending.append(self.rewards.submit(media, texts[sl], metas[sl]))
                 trajs.append(traj)
         return RolloutBatch.build(trajs, texts, metas, groups, self.rewards.collect(pending),
-                                  weights)
+                                  weights, iteration=epoch)
 
     def advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict]:
         """Credit the rewards, gather them from every process, normalise every column within its
@@ -193,7 +196,9 @@ class Trainer:
         adv, metrics = adv_lib.compute_advantages(
             self.rewards.for_advantages(signal, self.acc), groups, estimator=cfg.train.advantage,
             adv_clip=cfg.train.adv_clip or None, weights=self.rewards.weights,
-            aggregation=cfg.reward.aggregation,
+            aggregation=cfg.reward.aggregation, params=cfg.train.advantage_params,
+            state=self.adv_state, progress=batch.iteration / cfg.run.epochs,
+            confidence=self.acc.gather(batch.traj.log_probs.sum(1).to(self.acc.device)).cpu(),
         )
         n = len(batch.groups)
         metrics.update(self.rewards.metrics(batch.reward, self.acc))
@@ -213,6 +218,7 @@ class Trainer:
         if cfg.skip_zero_advantage and cfg.beta == 0:
             # with a KL term a zero-advantage sample still has a gradient: it is trained
             keep = keep[batch.advantages.flatten(1).ne(0).any(1)]
+        keep, out = self.prune(batch, keep, epoch)
         size = cfg.train_batch_size or cfg.batch_size
         # every process runs the same number of minibatches so DDP collectives stay in step
         n_mb = int(self.acc.gather(torch.tensor([math.ceil(len(keep) / size)],
@@ -245,12 +251,27 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)
                     if self.ema is not None:
                         self.ema.update()
-        out = {k: v / max(count, 1) for k, v in sums.items() if k != "train/grad_norm"}
+        self.objective.after_update()
+        out.update({k: v / max(count, 1) for k, v in sums.items() if k != "train/grad_norm"})
         updates = cfg.num_inner_epochs * math.ceil(n_mb / cfg.gradient_accumulation)
         if "train/grad_norm" in sums:
             out["train/grad_norm"] = sums["train/grad_norm"] / max(updates, 1)
         out["train/samples"] = float(len(keep))
         return self.reduce(out)
+
+    def prune(self, batch: RolloutBatch, keep: torch.Tensor, epoch: int) -> tuple[torch.Tensor,
+                                                                                 dict]:
+        """Drop low-information samples among ``keep`` (``train.pruner``) and give the kept ones
+        importance weights ``batch.sample_weights``, scaled by ``kept / candidates`` so that the
+        minibatch means stay unbiased estimates of the full batch's. Returns the kept indices
+        and ``train/pruned_frac``, the fraction of training forwards saved."""
+        gen = torch.Generator().manual_seed(hash_seed(self.cfg.run.seed, epoch, self.rank, 4))
+        local, weight = self.pruner(batch.advantages[keep].cpu(), batch.groups[keep.cpu()], gen)
+        kept = keep[local.to(keep.device)]
+        weights = torch.zeros(len(batch.groups))
+        weights[kept.cpu()] = weight.float().cpu() * len(kept) / max(len(keep), 1)
+        batch.sample_weights = weights
+        return kept, {"train/pruned_frac": 1 - len(kept) / max(len(keep), 1)}
 
     def reduce(self, metrics: dict) -> dict:
         """Mean of each metric over processes."""
@@ -325,7 +346,8 @@ class Trainer:
 def canonical_advantages(adv: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
     """Advantages as ``[B, V, J, P]``: ``[B]`` (one per sample) or any ``[B, V|1, J|1, P|1]``
     broadcast over views, trained steps and regions."""
-    views, steps = len(batch.views), batch.traj.num_trained
+    # an objective without per-step transitions (J = 0) still takes one advantage per sample
+    views, steps = len(batch.views), max(batch.traj.num_trained, 1)
     regions = 1 if batch.regions is None else len(batch.regions)
     adv = adv.float().reshape(len(adv), *adv.shape[1:], *([1] * (4 - adv.ndim)))
     return adv.expand(len(adv), views, steps, regions)

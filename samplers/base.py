@@ -128,9 +128,10 @@ class Sampler:
         return False
 
     def trainable(self, sigma: float, sigma_next: float) -> bool:
-        """Whether the step ``sigma -> sigma_next`` is well conditioned enough to train by its
-        ratio (the trainer's default trained steps skip the others; explicit windows do not)."""
-        return sigma_next > 0.0
+        """Whether the step ``sigma -> sigma_next`` is stochastic and well conditioned enough to
+        train by its ratio (the trainer's default trained steps skip the others; explicit windows
+        do not). A deterministic sampler has no trainable step."""
+        return self.is_stochastic and sigma_next > 0.0
 
     def transition(
         self,
