@@ -332,10 +332,10 @@ class Config:
         bad value."""
         for f in fields(self):
             getattr(self, f.name).validate()
+        self.check_sampler()
         self.check_steps()
         _check(not (self.train.views and self.train.credit != "outcome"), "train.views",
                self.train.views, f"views need train.credit: outcome (got {self.train.credit!r})")
-        self.check_sampler()
         return self
 
     def check_sampler(self) -> None:

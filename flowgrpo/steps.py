@@ -133,6 +133,8 @@ class FlashSteps(StepSelection):
 
     def candidates(self, sigmas: torch.Tensor, sampler: Sampler) -> list[int]:
         trainable = trainable_steps(sampler, sigmas)
+        if not trainable:
+            raise ValueError("flash needs a stochastic sampler with trainable steps")
         if not self.steps:
             return trainable
         bad = [k for k in self.steps if k not in trainable]
