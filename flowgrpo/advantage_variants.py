@@ -255,7 +255,10 @@ def rcc_advantages(rewards: Tensor, groups: Tensor, eps: float = 1e-4, *,
     ``confidence`` is supplied by the trainer (run-time input, not config): one value per sample,
     ``[B]``, or one per column, shaped like the rewards (e.g. per trained step). Without it the
     correction is 0 and ``rcc`` equals ``group`` (the on-policy first-order case ``c = 0``).
-    A constant group still gets exactly 0.
+    A constant group still gets exactly 0. The trainer passes the sampling policy's log-prob of
+    each trajectory, summed over its trained steps: the paper's ``log pi_ref`` term is dropped
+    (it would cost a reference call per trained step and sample), and likelihood-free
+    objectives, which keep no per-step log-probs, pass zeros (then ``rcc`` is ``group``).
 
     Args:
         rewards, groups, eps: as :func:`group_advantages`.

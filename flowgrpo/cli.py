@@ -55,7 +55,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     import reward_models
     import samplers
 
-    from . import advantages, credit, enhancers, losses, objectives, steps
+    from . import advantages, credit, enhancers, kl, losses, objectives, pruning, steps
 
     for title, names in (("pipelines", pipelines.names()), ("samplers", samplers.names()),
                          ("objectives", objectives.OBJECTIVES.names()),
@@ -65,6 +65,8 @@ def cmd_list(args: argparse.Namespace) -> int:
                          ("credits", credit.CREDITS.names()),
                          ("enhancers", enhancers.names()),
                          ("advantages", advantages.ADVANTAGES.names()),
+                         ("kl estimators", kl.KL_ESTIMATORS.names()),
+                         ("pruners", pruning.names()),
                          ("rewards", reward_models.names())):
         print(f"{title}: {', '.join(names)}")
     return 0
@@ -142,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("serve-reward", help="serve a reward over HTTP (see serve-reward --help)",
                    add_help=False)
     p = sub.add_parser("list", help="registered pipelines, samplers, objectives, losses, step "
-                       "selections, credits, enhancers and rewards")
+                       "selections, credits, enhancers, advantages, KL estimators, pruners and "
+                       "rewards")
     p.set_defaults(func=cmd_list)
     return parser
 

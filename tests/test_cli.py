@@ -47,13 +47,17 @@ def test_config_prints_resolved_yaml_and_lists_registries(tiny_config, capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "samplers: cps, langevin, ode, sde" in out and "losses: clip" in out
-    for line in ("objectives: ratio", "step selections: all, flash, window",
+    for line in ("objectives: awm, elbo, nft, ratio", "pruners: dppo, none",
+                 "kl estimators: exact, flow_grpo, log_ratio, velocity_mse, x_mse",
+                 "losses: clip, gate, guard, mhpo, mu_grpo, sapo, stable",
+                 "advantages: a_grae, dual_anchor, focal, global_std, group, none, rcc", "step selections: all, flash, window",
                  "credits: outcome, turning_point", "enhancers: callable, remote, template",
                  "window strategies: progressive, random, fixed, decay, exp_decay"):
         assert line in out
     assert main(["config", "--help-fields"]) == 0
     fields = capsys.readouterr().out
-    for key in ("objective", "step_selection_params", "credit", "views", "enhancer_params"):
+    for key in ("objective", "step_selection_params", "credit", "views", "enhancer_params", "kl",
+                "advantage_params", "pruner", "pruner_params"):
         assert f"  {key} = " in fields
 
 
