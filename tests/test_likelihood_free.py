@@ -10,6 +10,7 @@ from test_core import assert_ratio_one, toy_trainer
 import samplers
 from flowgrpo import kl as kl_lib
 from flowgrpo.likelihood_free import draw, weighted_lp
+from flowgrpo.losses import LOSSES
 from flowgrpo.rollout import model_velocity
 from flowgrpo.trainer import Trainer, canonical_advantages
 
@@ -193,3 +194,28 @@ def test_config_refuses_a_deterministic_sampler_for_the_ratio_objective():
     with pytest.raises(ConfigError, match="no stochastic steps"):
         load_config(None, [*ODE, "train.objective=elbo", "train.step_selection=flash"])
     assert not samplers.get("ode").trainable(1.0, 0.5)
+
+
+@pytest.mark.parametrize("loss", LOSSES.names())
+def test_elbo_plugs_into_every_policy_loss(tmp_path, loss):
+    t = toy_trainer(tmp_path, "train.objective=elbo", *ODE, f"train.loss={loss}",
+                    "train.loss_params={}", "train.objective_params={draws: 1}")
+    batch, state = prepared(t)
+    total, metrics = t.objective.loss(batch, state, torch.arange(16), None)
+    assert torch.isfinite(total) and abs(float(metrics["train/ratio_mean"]) - 1) <= 1e-6
+    total.backward()
+    assert any(g.abs().sum() > 0 for g in grads(t))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["elbo", "nft"])
+def test_likelihood_free_objective_raises_the_eval_reward_from_the_cli(tmp_path, objective):
+    from flowgrpo.cli import main
+    from flowgrpo.tracking import read_metrics
+
+    assert main(["train", "--set", f"train.objective={objective}", "--set", "sampler.name=ode",
+                 "--set", "sampler.params={}", "--set", "run.epochs=20",
+                 "--set", "run.eval_every=20", "--set", f"run.output_dir={tmp_path}",
+                 "--set", "run.progress=false", "--set", "run.save_every=0"]) == 0
+    evals = [r["eval/reward"] for r in read_metrics(tmp_path) if "eval/reward" in r]
+    assert len(evals) == 2 and evals[1] > evals[0] + 0.03, evals
