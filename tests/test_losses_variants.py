@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from test_losses import _run
 
 from flowgrpo import loss_variants, losses
 from flowgrpo.losses import LOSSES
@@ -15,15 +16,6 @@ NEW = ["gate", "mhpo", "mu_grpo"]
 GATES = ["sigmoid", "tanh", "arctan", "erf", "softsign"]
 SUP_G = {"sigmoid": 2.0, "tanh": 1.0, "arctan": math.pi / 2, "erf": math.sqrt(math.pi / 2),
          "softsign": 1.0}
-
-
-def _run(name: str, log_ratio: list[float], adv: list[float], **params):
-    """Evaluate loss ``name`` at the given log-ratios; return ``(loss, grad wrt logp, metrics)``."""
-    logp_old = torch.linspace(-3.0, -1.0, len(log_ratio))
-    logp = (logp_old + torch.tensor(log_ratio)).requires_grad_(True)
-    loss, metrics = losses.get(name)(logp, logp_old, torch.tensor(adv), **params)
-    loss.backward()
-    return loss.detach(), logp.grad, metrics
 
 
 def _g(fn: str, z: float) -> float:
