@@ -64,15 +64,16 @@ __all__ = ["LEVELS", "PRUNERS", "DPPOPruner", "NoPruner", "build", "names", "sav
 
 
 def _check(adv: Tensor, groups: Tensor) -> tuple[Tensor, Tensor]:
-    """Validate; return ``(score [B] float32 = mean |A| per sample, groups long [B])`` on CPU."""
-    if adv.ndim == 0 or adv.shape[0] == 0:
-        raise ValueError(f"adv must be a non-empty tensor [B, ...], got shape {tuple(adv.shape)}")
+    """Validate; return ``(score [B] float32 = mean |A| per sample, groups long [B])`` on CPU.
+    An empty batch (nothing left to train, e.g. every group's rewards were equal) is valid."""
+    if adv.ndim == 0:
+        raise ValueError(f"adv must be a tensor [B, ...], got shape {tuple(adv.shape)}")
     if groups.shape != adv.shape[:1]:
         raise ValueError(f"groups must have shape [B] = {tuple(adv.shape[:1])}, "
                          f"got {tuple(groups.shape)}")
     if groups.is_floating_point() or groups.is_complex():
         raise ValueError(f"groups must be an integer tensor of group ids, got {groups.dtype}")
-    flat = adv.detach().float().cpu().reshape(adv.shape[0], -1)
+    flat = adv.detach().float().cpu().flatten(1) if adv.ndim > 1 else adv.detach().float()[:, None]
     if not torch.isfinite(flat).all():
         raise ValueError("adv holds NaN or infinite values")
     return flat.abs().mean(1), groups.detach().long().cpu()
@@ -169,7 +170,8 @@ class DPPOPruner:
         p_group, p_sample, inverse = self._probabilities(*_check(adv, groups))
         # one coin per group and one per sample, always both, so the draws depend only on B
         # and the number of groups
-        group_coin = torch.rand(int(inverse.max()) + 1, generator=generator)[inverse]
+        num_groups = int(inverse.max()) + 1 if len(inverse) else 0
+        group_coin = torch.rand(num_groups, generator=generator)[inverse]
         sample_coin = torch.rand(len(p_sample), generator=generator)
         kept = (group_coin < p_group) & (sample_coin < p_sample)
         keep = kept.nonzero().flatten()

@@ -153,3 +153,10 @@ def test_saved_fraction():
         pruning.saved_fraction(3, 0)
     with pytest.raises(ValueError):
         pruning.saved_fraction(5, 4)
+
+
+@pytest.mark.parametrize("name", ["none", "dppo"])
+def test_an_empty_batch_keeps_nothing(name):
+    keep, weight = pruning.build(name)(torch.zeros(0, 1, 3, 1), torch.zeros(0, dtype=torch.long),
+                               torch.Generator().manual_seed(0))
+    assert keep.numel() == 0 and weight.numel() == 0
