@@ -334,6 +334,12 @@ class Config:
             getattr(self, f.name).validate()
         self.check_sampler()
         self.check_steps()
+        from .objectives import OBJECTIVES
+
+        per_sample = not OBJECTIVES.get(self.train.objective).needs_transitions
+        _check(not (per_sample and (self.train.views or self.train.credit != "outcome")),
+               "train.objective", self.train.objective, "a likelihood-free objective takes one "
+               "outcome advantage per sample: use train.credit: outcome and train.views: 0")
         _check(not (self.train.views and self.train.credit != "outcome"), "train.views",
                self.train.views, f"views need train.credit: outcome (got {self.train.credit!r})")
         return self

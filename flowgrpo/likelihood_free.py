@@ -128,9 +128,9 @@ class ForwardObjective(Objective):
         x0 = batch.traj.final[rows].float()
         t = draws.t[rows][:, ks].to(device)
         eps = draws.noise[rows][:, ks].to(device).float()
-        shape = (-1, *([1] * (x0.ndim - 1)))
         x0 = x0[:, None].expand_as(eps)
-        xt = (1 - t.reshape(*t.shape, *shape[1:])) * x0 + t.reshape(*t.shape, *shape[1:]) * eps
+        tb = t.reshape(*t.shape, *([1] * (eps.ndim - 2)))  # [b, K', 1, ..., 1]
+        xt = (1 - tb) * x0 + tb * eps
         flat = (-1, *x0.shape[2:])
         cond = batch.traj.cond.index(idx.repeat_interleave(len(ks)))
         p = self.policy

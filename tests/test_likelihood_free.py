@@ -219,3 +219,12 @@ def test_likelihood_free_objective_raises_the_eval_reward_from_the_cli(tmp_path,
                  "--set", "run.progress=false", "--set", "run.save_every=0"]) == 0
     evals = [r["eval/reward"] for r in read_metrics(tmp_path) if "eval/reward" in r]
     assert len(evals) == 2 and evals[1] > evals[0] + 0.03, evals
+
+
+def test_config_refuses_per_step_or_per_view_credit_for_likelihood_free_objectives():
+    from flowgrpo.config import ConfigError
+    from flowgrpo.config_io import load_config
+
+    for extra in ("train.views=1", "train.credit=turning_point"):
+        with pytest.raises(ConfigError, match="one outcome advantage per sample"):
+            load_config(None, ["train.objective=nft", extra])
