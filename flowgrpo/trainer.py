@@ -89,10 +89,12 @@ class Trainer:
         self.spec = RolloutSpec(self.sampler, cfg.model.guidance, cfg.sampler.after_window,
                                 cfg.sampler.flash_ratio, getattr(torch, cfg.sampler.storage_dtype),
                                 self.autocast)
-        self.objective = objectives.build(tc.objective, objectives.Policy(
-            self.adapter, self.sampler, cfg.model.guidance, tc.loss, tc.loss_params, tc.beta,
-            tc.train_batch_size or tc.batch_size, self.autocast, tc.kl, self.params,
-            cfg.run.seed), **tc.objective_params)
+        policy = objectives.Policy(
+            self.adapter, self.sampler, guidance=cfg.model.guidance, loss=tc.loss,
+            loss_params=tc.loss_params, beta=tc.beta,
+            batch_size=tc.train_batch_size or tc.batch_size, autocast=self.autocast, kl=tc.kl,
+            params=self.params, seed=cfg.run.seed)
+        self.objective = objectives.build(tc.objective, policy, **tc.objective_params)
         self.pruner = pruning.build(tc.pruner, **tc.pruner_params)
         self.adv_state: dict = {}  # a stateful advantage estimator's running statistics
         self._cond_cache: dict[str, object] = {}
