@@ -84,6 +84,7 @@ __all__ = [
     "compute_advantages",
     "estimator_params",
     "get",
+    "runtime_inputs",
     "zero_std_groups",
 ]
 
@@ -113,6 +114,12 @@ def estimator_params(name: str) -> list[str]:
         UnknownNameError: naming the valid estimators.
     """
     return [p for p in _keyword_names(get(name)) if p not in _SUPPLIED]
+
+
+def runtime_inputs(name: str) -> list[str]:
+    """The run-time inputs (:data:`RUNTIME_INPUTS`) estimator ``name`` declares, so a caller
+    computes only those (``confidence`` costs a gather across processes)."""
+    return [p for p in _keyword_names(get(name)) if p in RUNTIME_INPUTS]
 
 
 def check_params(name: str, params: Mapping[str, object] | None) -> None:

@@ -262,20 +262,23 @@ class TurningPointCredit(Credit):
         traj = batch.traj
         if traj.num_trained == 0:
             raise ValueError("turning_point credit needs at least one trained step per sample")
-        step_rewards = [self.completion_rewards(trainer, batch, traj.trained[:, 0])]
-        for j in range(1, traj.num_trained):
-            step_rewards.append(self.completion_rewards(trainer, batch, traj.trained[:, j - 1] + 1))
+        # the full schedule: with a dpm2 tail the trajectory's own grid ends in one long step
+        sigmas = trainer.adapter.schedule(trainer.cfg.sampler.num_steps)
+        # R_0 completes from before the first trained step, R_j from after the j-th
+        starts = torch.cat([traj.trained[:, :1], traj.trained[:, :-1] + 1], 1)
+        step_rewards = [self.completion_rewards(trainer, batch, sigmas, starts[:, j])
+                        for j in range(traj.num_trained)]
         step_rewards.append(batch.reward.scores.float().cpu())
         step_reward, turning = turning_points(torch.stack(step_rewards, 1), **self.rules)
         batch.info["credit/turning_frac"] = float(turning.float().mean())
         return Signal(step_reward[:, None, :, None])
 
     @torch.no_grad()
-    def completion_rewards(self, trainer, batch, start: torch.Tensor) -> torch.Tensor:
-        """``[B]`` rewards of the deterministic completions from latent index ``start [B]``."""
+    def completion_rewards(self, trainer, batch, sigmas: torch.Tensor,
+                           start: torch.Tensor) -> torch.Tensor:
+        """``[B]`` rewards of the deterministic completions along ``sigmas`` (the full
+        schedule) from latent index ``start [B]``."""
         traj, cfg = batch.traj, trainer.cfg
-        # the full schedule: with a dpm2 tail the trajectory's own grid ends in one long step
-        sigmas = trainer.adapter.schedule(cfg.sampler.num_steps)
         final = torch.empty_like(traj.latents[:, -1], dtype=torch.float32)
         for k in sorted(set(start.tolist())):
             rows = (start == k).nonzero().flatten().to(traj.latents.device)

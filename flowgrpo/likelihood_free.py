@@ -31,11 +31,11 @@ from typing import Any
 import torch
 
 from . import losses
-from .batch import RolloutBatch, chunks
+from .batch import RolloutBatch
 from .ema import EMA
 from .kl import KLInputs
 from .model import reference
-from .objectives import OBJECTIVES, Objective, Policy, add_kl
+from .objectives import OBJECTIVES, Objective, Policy, add_kl, fill
 from .rollout import model_velocity
 
 TIMESTEPS = ("uniform", "logit_normal")
@@ -143,14 +143,12 @@ class ForwardObjective(Objective):
         v, u, t = self.velocities(batch, draws, idx, k)
         return weighted_lp(v - u, t, self.weighting, self.power).reshape(len(idx), -1), v
 
-    def old_log_likelihoods(self, batch: RolloutBatch, draws: Draws) -> torch.Tensor:
-        """``[B, K]`` under the sampling policy, before any update."""
-        out = []
-        with torch.no_grad():
-            for sl in chunks(len(batch.groups), self.policy.batch_size):
-                idx = torch.arange(sl.start, sl.stop)
-                out.append(self.log_likelihoods(batch, draws, idx)[0])
-        return torch.cat(out)
+    def old_log_likelihoods(self, batch: RolloutBatch, draws: Draws,
+                            rows: torch.Tensor | None) -> torch.Tensor:
+        """``[B, K]`` under the sampling policy, before any update (for ``rows``)."""
+        out = torch.zeros(len(batch.groups), self.k, device=batch.traj.latents.device)
+        return fill(out, batch, rows, self.policy.batch_size,
+                    lambda idx: self.log_likelihoods(batch, draws, idx)[0])
 
     def kl_term(self, batch, draws, idx, k, v, logp, reduce=lambda lp: lp.mean(1)):
         """``[b]`` KL estimate against the reference on the same draws (None without a KL
@@ -188,9 +186,9 @@ class ElboObjective(ForwardObjective):
     weighting is theirs (``adaptive``) by default.
     """
 
-    def prepare(self, batch):
+    def prepare(self, batch, rows=None):
         draws = self.draws(batch)
-        return draws, self.old_log_likelihoods(batch, draws).mean(1)
+        return draws, self.old_log_likelihoods(batch, draws, rows).mean(1)
 
     def units(self, batch):
         return [None]
@@ -227,9 +225,9 @@ class AwmObjective(ForwardObjective):
                  guidance: float | None = None) -> None:
         super().__init__(policy, draws, timesteps, weighting, power, guidance)
 
-    def prepare(self, batch):
+    def prepare(self, batch, rows=None):
         draws = self.draws(batch)
-        return draws, self.old_log_likelihoods(batch, draws)
+        return draws, self.old_log_likelihoods(batch, draws, rows)
 
     def units(self, batch):
         return list(range(self.k))
@@ -317,15 +315,14 @@ class NftObjective(ForwardObjective):
         self.old.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("old.")})
         self.iterations = int(state["iterations"])
 
-    def prepare(self, batch):
+    def prepare(self, batch, rows=None):
         draws = self.draws(batch)
-        old = []
-        with torch.no_grad(), self.old.applied():
-            for sl in chunks(len(batch.groups), self.policy.batch_size):
-                idx = torch.arange(sl.start, sl.stop)
-                v = self.velocities(batch, draws, idx)[0]
-                old.append(v.reshape(len(idx), self.k, *v.shape[1:]))
-        return draws, torch.cat(old)
+        final = batch.traj.final
+        out = torch.zeros(len(final), self.k, *final.shape[1:], device=final.device)
+        with self.old.applied():
+            fill(out, batch, rows, self.policy.batch_size,
+                 lambda idx: self.velocities(batch, draws, idx)[0])
+        return draws, out
 
     def units(self, batch):
         return list(range(self.k))

@@ -96,8 +96,9 @@ class Objective:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restore :meth:`state_dict` (a resumed run continues the same snapshots)."""
 
-    def prepare(self, batch: RolloutBatch) -> Any:
-        """Per-batch state, computed before the first update (under the sampling policy)."""
+    def prepare(self, batch: RolloutBatch, rows: torch.Tensor | None = None) -> Any:
+        """Per-batch state, computed before the first update (under the sampling policy) for the
+        samples ``rows`` that will be trained (None: all); other rows may be left unset."""
         return None
 
     def units(self, batch: RolloutBatch) -> list:
@@ -124,18 +125,15 @@ class RatioObjective(Objective):
     ratio is exactly 1 before the first update in every case.
     """
 
-    def prepare(self, batch: RolloutBatch) -> torch.Tensor:
+    def prepare(self, batch: RolloutBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, V, J, P]`` old log-probs."""
         traj = batch.traj
         if len(batch.views) == 1 and batch.regions is None:
             return traj.log_probs[:, None, :, None]
         out = torch.zeros(batch.advantages.shape, device=traj.log_probs.device)
-        with torch.no_grad():
-            for v, j in self.units(batch):
-                for sl in chunks(len(batch.groups), self.policy.batch_size):
-                    idx = torch.arange(sl.start, sl.stop, device=traj.log_probs.device)
-                    lp = self.replay(batch, idx, v, j, kl=None).log_prob
-                    out[sl, v, j] = lp.reshape(len(idx), -1).float()
+        for v, j in self.units(batch):
+            fill(out[:, v, j], batch, rows, self.policy.batch_size,
+                 lambda idx, v=v, j=j: self.replay(batch, idx, v, j, kl=None).log_prob)
         return out
 
     def units(self, batch: RolloutBatch) -> list[tuple[int, int]]:
@@ -158,6 +156,19 @@ class RatioObjective(Objective):
         loss, metrics = losses.get(p.loss)(logp.flatten(), state[idx, v, j].flatten(),
                                            adv.flatten(), **p.loss_params)
         return add_kl(loss, metrics, result.kl, weight, p.beta)
+
+
+@torch.no_grad()
+def fill(out: torch.Tensor, batch: RolloutBatch, rows: torch.Tensor | None, size: int,
+         compute: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``out[idx] = compute(idx)`` (reshaped to ``out[idx]``'s shape) without gradient, for the
+    sample indices ``rows`` (None: every sample) in chunks of ``size``: recomputing per-sample
+    state under the sampling policy. Returns ``out``."""
+    rows = torch.arange(len(batch.groups)) if rows is None else rows.cpu()
+    for sl in chunks(len(rows), size):
+        idx = rows[sl]
+        out[idx.to(out.device)] = compute(idx).reshape(len(idx), *out.shape[1:]).to(out.dtype)
+    return out
 
 
 def add_kl(loss: torch.Tensor, metrics: dict, kl: torch.Tensor | None, weight: torch.Tensor,

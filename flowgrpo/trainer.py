@@ -200,12 +200,19 @@ class Trainer:
             adv_clip=cfg.train.adv_clip or None, weights=self.rewards.weights,
             aggregation=cfg.reward.aggregation, params=cfg.train.advantage_params,
             state=self.adv_state, progress=batch.iteration / cfg.run.epochs,
-            confidence=self.acc.gather(batch.traj.log_probs.sum(1).to(self.acc.device)).cpu(),
+            confidence=self.confidence(batch),
         )
         n = len(batch.groups)
         metrics.update(self.rewards.metrics(batch.reward, self.acc))
         metrics.update(self.reduce(dict(batch.info)))
         return adv[self.rank * n:(self.rank + 1) * n].to(self.acc.device), metrics
+
+    def confidence(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """Each trajectory's sampling log-prob summed over its trained steps, from every process,
+        when the advantage estimator takes it (``rcc``); else None."""
+        if "confidence" not in adv_lib.runtime_inputs(self.cfg.train.advantage):
+            return None
+        return self.acc.gather(batch.traj.log_probs.sum(1).to(self.acc.device)).cpu()
 
     def update(self, batch: RolloutBatch, adv: torch.Tensor, epoch: int) -> dict:
         """``num_inner_epochs`` passes of minibatch updates of the objective.
@@ -215,12 +222,12 @@ class Trainer:
         """
         cfg = self.cfg.train
         batch.advantages = canonical_advantages(adv, batch)
-        state = self.objective.prepare(batch)
         keep = torch.arange(len(batch.groups), device=self.acc.device)
         if cfg.skip_zero_advantage and cfg.beta == 0:
             # with a KL term a zero-advantage sample still has a gradient: it is trained
             keep = keep[batch.advantages.flatten(1).ne(0).any(1)]
         keep, out = self.prune(batch, keep, epoch)
+        state = self.objective.prepare(batch, keep)  # only what will be trained
         size = cfg.train_batch_size or cfg.batch_size
         # every process runs the same number of minibatches so DDP collectives stay in step
         n_mb = int(self.acc.gather(torch.tensor([math.ceil(len(keep) / size)],

@@ -228,3 +228,16 @@ def test_config_refuses_per_step_or_per_view_credit_for_likelihood_free_objectiv
     for extra in ("train.views=1", "train.credit=turning_point"):
         with pytest.raises(ConfigError, match="one outcome advantage per sample"):
             load_config(None, ["train.objective=nft", extra])
+
+
+def test_pruned_samples_cost_no_old_policy_forwards(tmp_path):
+    t = toy_trainer(tmp_path, "train.objective=elbo", *ODE, "train.beta=0", "train.pruner=dppo",
+                    "train.objective_params={draws: 2}")
+    batch = t.sample(0)
+    adv, _ = t.advantages(batch)
+    before = dict(t.calls.epoch)
+    out = t.update(batch, adv, 0)
+    kept = round(16 * (1 - out["train/pruned_frac"]))
+    assert 0 < kept < 16
+    assert t.calls.epoch["nograd"] - before["nograd"] == kept * 2  # old log-likelihoods
+    assert t.calls.epoch["grad"] - before["grad"] == kept * 2
