@@ -150,18 +150,28 @@ class ForwardObjective(Objective):
         return fill(out, batch, rows, self.policy.batch_size,
                     lambda idx: self.log_likelihoods(batch, draws, idx)[0])
 
-    def kl_term(self, batch, draws, idx, k, v, logp, reduce=lambda lp: lp.mean(1)):
+    def kl_term(self, batch, draws, idx, k, v, logp):
         """``[b]`` KL estimate against the reference on the same draws (None without a KL
-        term): ``v`` the policy's velocities, ``logp`` its log-likelihoods, ``reduce`` how a
-        ``[b, K']`` log-likelihood becomes ``logp``'s shape."""
+        term): ``v`` the policy's velocities, ``logp`` its log-likelihoods (mean over draws)."""
         if self.kl is None:
             return None
         with torch.no_grad(), reference(self.policy.adapter):
             ref_v, u, t = self.velocities(batch, draws, idx, k)
-        ref_lp = reduce(weighted_lp(ref_v - u, t, self.weighting, self.power)
-                        .reshape(len(idx), -1))
+        ref_lp = weighted_lp(ref_v - u, t, self.weighting, self.power).reshape(len(idx), -1)
         return self.kl(KLInputs(v=v.reshape(len(idx), -1), ref_v=ref_v.reshape(len(idx), -1),
-                                logp=logp, ref_logp=ref_lp))
+                                logp=logp, ref_logp=None if logp is None else ref_lp.mean(1)))
+
+    def ratio_loss(self, batch, draws, logp_old, idx, k=None):
+        """The run's policy loss on ``exp(logp - logp_old)``, ``logp`` the mean log-likelihood
+        over draws ``k`` (all when None), plus ``beta`` times the KL (``elbo``, ``awm``)."""
+        p = self.policy
+        lp, v = self.log_likelihoods(batch, draws, idx, k)
+        logp = lp.mean(1)
+        weight = batch.sample_weights[idx].to(logp.device)
+        loss, metrics = losses.get(p.loss)(logp, logp_old.to(logp.device),
+                                           _advantage(batch, idx) * weight, **p.loss_params)
+        kl = self.kl_term(batch, draws, idx, k, v, logp)
+        return add_kl(loss, metrics, kl, weight, p.beta)
 
 
 def _advantage(batch: RolloutBatch, idx: torch.Tensor) -> torch.Tensor:
@@ -195,14 +205,7 @@ class ElboObjective(ForwardObjective):
 
     def loss(self, batch, state, idx, unit):
         draws, old = state
-        p = self.policy
-        lp, v = self.log_likelihoods(batch, draws, idx)
-        logp = lp.mean(1)
-        weight = batch.sample_weights[idx].to(logp.device)
-        loss, metrics = losses.get(p.loss)(logp, old[idx].to(logp.device),
-                                           _advantage(batch, idx) * weight, **p.loss_params)
-        kl = self.kl_term(batch, draws, idx, None, v, logp)
-        return add_kl(loss, metrics, kl, weight, p.beta)
+        return self.ratio_loss(batch, draws, old[idx], idx)
 
 
 @OBJECTIVES.register("awm")
@@ -234,15 +237,7 @@ class AwmObjective(ForwardObjective):
 
     def loss(self, batch, state, idx, unit):
         draws, old = state
-        p = self.policy
-        k = torch.tensor([unit])
-        lp, v = self.log_likelihoods(batch, draws, idx, k)
-        logp = lp[:, 0]
-        weight = batch.sample_weights[idx].to(logp.device)
-        loss, metrics = losses.get(p.loss)(logp, old[idx, unit].to(logp.device),
-                                           _advantage(batch, idx) * weight, **p.loss_params)
-        kl = self.kl_term(batch, draws, idx, k, v, logp, reduce=lambda lp: lp[:, 0])
-        return add_kl(loss, metrics, kl, weight, p.beta)
+        return self.ratio_loss(batch, draws, old[idx, unit], idx, torch.tensor([unit]))
 
 
 @OBJECTIVES.register("nft")
