@@ -14,6 +14,10 @@ from . import (  # noqa: F401  (registration imports)
     remote,
 )
 from .base import REWARDS, Reward, RewardOutput, get, names, register
+from .checks import RewardFault, check_output
 from .media import Media
 
-__all__ = ["REWARDS", "Media", "Reward", "RewardOutput", "get", "names", "register"]
+__all__ = [
+    "REWARDS", "Media", "Reward", "RewardFault", "RewardOutput", "check_output", "get", "names",
+    "register",
+]

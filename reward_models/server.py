@@ -254,10 +254,8 @@ def _parse_params(pairs: list[str], params_json: str | None) -> dict:
     return params
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``flowgrpo serve-reward``: build a registered reward and serve it until interrupted."""
-    from .mix import build_reward
-
+def build_parser() -> argparse.ArgumentParser:
+    """The ``flowgrpo serve-reward`` arguments (``--host`` defaults to loopback)."""
     parser = argparse.ArgumentParser(
         prog="flowgrpo serve-reward", description="Serve a registered reward over HTTP."
     )
@@ -272,7 +270,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=64, help="largest batch accepted")
     parser.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES,
                         help="largest request body accepted, in bytes")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``flowgrpo serve-reward``: build a registered reward and serve it until interrupted."""
+    from .mix import build_reward
+
+    args = build_parser().parse_args(argv)
     reward = build_reward(args.reward, _parse_params(args.param, args.params))
     server = serve(reward, args.host, args.port, args.max_batch, args.max_bytes, args.token,
                    background=False)
