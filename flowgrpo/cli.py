@@ -8,15 +8,20 @@
     flowgrpo serve-reward --reward NAME [--params JSON] [--host 127.0.0.1] [--port 8000]
     flowgrpo list
 
+Every command takes ``--debug`` (or ``FLOWGRPO_DEBUG=1``) to show tracebacks; without it a fault
+is one line on stderr.
+
 Without CONFIG, ``configs/digits.yaml`` (the CPU default) is used.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .config import ConfigError
+from .errors import FlowgrpoError
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -150,16 +155,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(err: BaseException) -> str:
+    """The first line of an error's message (its type when it has none)."""
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run a command; every fault is one line on stderr and a non-zero exit (2: config, 1: other
+    faults, 130/143: SIGINT/SIGTERM), with the traceback only under ``--debug`` or
+    ``FLOWGRPO_DEBUG=1``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("FLOWGRPO_DEBUG", "") not in ("", "0")
+    if "--debug" in argv:
+        argv.remove("--debug")
+        debug = True
     if argv and argv[0] == "serve-reward":
         return cmd_serve_reward(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ConfigError as err:
-        print(f"flowgrpo: config error: {err}", file=sys.stderr)
-        return 2
+    except Exception as err:
+        if debug:
+            raise
+        if isinstance(err, ConfigError):
+            message = f"config error: {one_line(err)}"
+        elif isinstance(err, FlowgrpoError):
+            message = one_line(err)
+        else:  # an unexpected fault: still one line, with the way to see more
+            message = (f"{type(err).__name__}: {one_line(err)} (rerun with --debug for the "
+                       "traceback)")
+        print(f"flowgrpo: {message}", file=sys.stderr)
+        return getattr(err, "exit_code", 1)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("flowgrpo: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -7,12 +7,17 @@ loading, ``--set`` overrides and the cross-section checks).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .errors import FlowgrpoError
 
-class ConfigError(ValueError):
+
+class ConfigError(FlowgrpoError, ValueError):
     """A bad configuration value; the message names the key, the value and what is allowed."""
+
+    exit_code = 2
 
 
 def _help(text: str, **kw: Any) -> Any:
@@ -157,8 +162,10 @@ class RewardConfig:
         for i, spec in enumerate(self.specs()):
             key = f"reward.components[{i}].name" if self.components else "reward.name"
             _choice(key, spec["name"], reward_models.names())
-            _check(isinstance(spec["weight"], (int, float)), key.replace("name", "weight"),
-                   spec["weight"], "must be a number")
+            weight = spec["weight"]
+            _check(isinstance(weight, (int, float)) and not isinstance(weight, bool)
+                   and abs(weight) < math.inf, key.replace("name", "weight"), weight,
+                   "must be a finite number")
             bind_params(key.replace("name", "params"), reward_models.REWARDS.get(spec["name"]),
                         spec["params"])
         _choice("reward.aggregation", self.aggregation,
@@ -175,8 +182,15 @@ class DataConfig:
                                         default=4)
 
     def validate(self) -> None:
+        from .data import load_prompts
+
         _check(self.eval_images_per_prompt >= 1, "data.eval_images_per_prompt",
                self.eval_images_per_prompt, "must be >= 1")
+        # reading the prompt files is cheap: a missing or malformed one fails now, not after the
+        # model has loaded
+        load_prompts(self.prompts, "data.prompts")
+        if self.eval_prompts:
+            load_prompts(self.eval_prompts, "data.eval_prompts")
 
 
 @dataclass
@@ -255,7 +269,13 @@ class TrainConfig:
                self.gradient_accumulation, "must be >= 1")
         _check(self.num_inner_epochs >= 1, "train.num_inner_epochs", self.num_inner_epochs,
                "must be >= 1")
-        _check(self.lr > 0, "train.lr", self.lr, "must be > 0")
+        _check(math.isfinite(self.lr) and self.lr > 0, "train.lr", self.lr,
+               "must be a finite number > 0")
+        _check(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "train.weight_decay",
+               self.weight_decay, "must be a finite number >= 0 (0: off)")
+        for key in ("adam_beta1", "adam_beta2"):
+            _check(0 <= getattr(self, key) < 1, f"train.{key}", getattr(self, key),
+                   "must be in [0, 1)")
         _check(self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "must be >= 0")
         _choice("train.loss", self.loss, losses.LOSSES.names())
         _choice("train.advantage", self.advantage, advantages.ADVANTAGES.names())
@@ -309,7 +329,6 @@ class RunConfig:
     wandb_project: str = _help("W&B project name", default="flowgrpo")
     cpu: bool = _help("run on CPU even if an accelerator is present", default=False)
     progress: bool = _help("show a progress bar", default=True)
-
     def validate(self) -> None:
         _check(self.epochs >= 1, "run.epochs", self.epochs, "must be >= 1")
         for key in ("eval_every", "save_every"):

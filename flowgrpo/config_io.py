@@ -2,13 +2,17 @@
 
 ``load_config(path, overrides)`` reads YAML, applies ``section.key=value`` overrides (values parsed
 as YAML), type-checks every value against the dataclass field and runs the validators, so that
-an unknown key, a wrong type or a bad value fails before any model is loaded.
+an unknown key, a wrong type or a bad value fails before any model is loaded. YAML is read with
+:class:`UniqueKeyLoader` (a repeated key is an error, not a silent override), and a syntax error,
+a file that is not UTF-8 or a non-finite float is reported as a :class:`ConfigError` naming the
+file and line (or the key).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 from pathlib import Path
 from typing import Any
@@ -30,21 +34,131 @@ _MOVED = {
 }
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A key written twice in one YAML mapping (``where``: its dotted path; ``first``: the line of
+    the first occurrence, 1-based)."""
+
+    def __init__(self, key: Any, where: str, first: int, mark: yaml.Mark) -> None:
+        super().__init__(None, None, f"duplicate key {key!r}", mark)
+        self.key, self.where, self.first = key, where, first
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key repeated within one mapping.
+
+    Plain PyYAML keeps the last value silently, so ``lr: 1e-3`` ... ``lr: 1e-5`` in one section
+    would train with whichever comes last. Merge keys (``<<: *anchor``) may still override.
+    """
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self.mapping_paths = _mapping_paths(node)
+        return super().construct_document(node)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first is not key_node:
+                where = getattr(self, "mapping_paths", {}).get(id(node)) or "the top level"
+                raise DuplicateKeyError(key, where, first.start_mark.line + 1,
+                                        key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def _mapping_paths(root: yaml.Node) -> dict[int, str]:
+    """``id(mapping node) -> its dotted key path`` (``train``, ``reward.components[0]``)."""
+    paths: dict[int, str] = {}
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in paths:  # an alias seen before (or a recursive one)
+            continue
+        paths[id(node)] = path
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value in node.value:
+                name = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
+                stack.append((value, f"{path}.{name}" if path else str(name)))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((value, f"{path}[{i}]") for i, value in enumerate(node.value))
+    return paths
+
+
+def parse_yaml(text: str, source: str, lines: bool = True) -> Any:
+    """Parse YAML ``text`` with :class:`UniqueKeyLoader`; an error becomes a one-line
+    :class:`ConfigError` starting with ``source`` (``source:line`` when ``lines``)."""
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)  # safe: a SafeLoader subclass
+    except DuplicateKeyError as err:
+        detail = f" in {err.where} (first at line {err.first})" if lines else ""
+        where = _where(source, err.problem_mark.line, lines)
+        raise ConfigError(f"{where}: {err.problem}{detail}") from None
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = _where(source, mark.line if mark else None, lines)
+        problem = err.problem or err.context
+        if err.problem and err.context and err.context_mark and lines:  # where it started
+            problem += f" ({err.context} at line {err.context_mark.line + 1})"
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    except yaml.reader.ReaderError as err:  # a control character or a lone surrogate
+        where = _where(source, text.count("\n", 0, max(err.position, 0)), lines)
+        raise ConfigError(f"{where}: YAML syntax error: unacceptable character "
+                          f"#x{err.character:04x} ({err.reason})") from None
+
+
+def _where(source: str, line: int | None, lines: bool) -> str:
+    """``source:line`` (1-based, from PyYAML's 0-based ``line``), or ``source``."""
+    return f"{source}:{line + 1}" if lines and line is not None else source
+
+
+def read_utf8(path: Path, key: str | None = None) -> str:
+    """The text of a UTF-8 file (a byte-order mark is dropped); a file that cannot be read or is
+    not UTF-8 raises :class:`ConfigError` naming it (after ``key: `` when given)."""
+    prefix = f"{key}: " if key else ""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{prefix}{path}: cannot be read ({err.strerror or err})") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise ConfigError(f"{prefix}{path}: not UTF-8 text (byte 0x{raw[err.start]:02x} at line "
+                          f"{line}); save it as UTF-8") from None
+
+
 def _coerce(key: str, value: Any, type_name: str) -> Any:
-    """Check ``value`` against a field type; ints are accepted as floats, '1e-4' as a float."""
+    """Check ``value`` against a field type; ints are accepted as floats, '1e-4' as a float.
+    A float must be finite (no field gives ``inf`` or ``nan`` a meaning)."""
     want = _TYPES[type_name]
-    if want is float and isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    if want is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+    if want is float:
+        value = _as_float(key, value)
     if (want is int and isinstance(value, bool)) or not isinstance(value, want):
         raise ConfigError(
             f"{key}: expected {type_name}, got {type(value).__name__} {value!r}"
         )
     return value
+
+
+def _as_float(key: str, value: Any) -> Any:
+    """``value`` as a finite float when it is a number or a numeric string; else unchanged."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return value
+    try:
+        number = float(value)
+    except ValueError:  # a non-numeric string: reported as a wrong type
+        return value
+    except OverflowError:  # an int too large for a float
+        number = math.inf
+    if not math.isfinite(number):
+        text = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:30]}..."
+        raise ConfigError(f"{key}: invalid value {text}; must be a finite number")
+    return number
 
 
 def _build(cls: type, data: dict, prefix: str) -> Any:
@@ -94,7 +208,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     parts = key.strip().split(".")
     if len(parts) < 2 or not all(parts):
         raise ConfigError(f"override key {key!r} must look like section.key")
-    return parts, yaml.safe_load(raw) if raw.strip() else ""
+    return parts, parse_yaml(raw, f"override {item!r}", lines=False) if raw.strip() else ""
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -114,9 +228,11 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML config (default: the CPU digits job), apply overrides, validate."""
     path = Path(path) if path else DEFAULT_CONFIG
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder; pass a .yaml file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = parse_yaml(read_utf8(path), str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return from_dict(apply_overrides(data, overrides or []))

@@ -3,6 +3,8 @@
 A prompt set is a list of ``(prompt, metadata)``: built-in by name (``digits``) or read from a
 ``.txt`` file (one prompt per line) or a ``.jsonl`` file (``{"prompt": ..., <metadata>}`` per
 line; the metadata reaches the reward, e.g. ``"text"`` for OCR or ``"boxes"`` for regions).
+The config checks ``data.prompts`` and ``data.eval_prompts`` with :func:`load_prompts` at load
+time, so a missing, empty or malformed file fails before any model loads.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import torch
 
 from pipelines.toy import digit_prompt
 
+from .config import ConfigError
+from .config_io import read_utf8
+
 Prompt = tuple[str, dict]
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,27 +28,51 @@ BUILTIN = {
 }
 
 
-def load_prompts(spec: str) -> list[Prompt]:
-    """Resolve a prompt-set spec (built-in name or file path) to ``[(prompt, metadata)]``."""
+def load_prompts(spec: str, key: str = "prompt set") -> list[Prompt]:
+    """Resolve a prompt-set spec (built-in name or file path) to ``[(prompt, metadata)]``.
+
+    A missing, unreadable, non-UTF-8 or empty file, or a ``.jsonl`` line that is not a JSON object
+    with a string ``"prompt"``, raises :class:`~flowgrpo.config.ConfigError` whose message starts
+    with ``key`` (the config key, e.g. ``data.prompts``) and names the file (and line).
+    """
     if spec in BUILTIN:
         return BUILTIN[spec]()
     path = Path(spec)
     if not path.is_file() and not path.is_absolute() and (REPO_ROOT / path).is_file():
         path = REPO_ROOT / path  # the shipped example prompt sets, from any working directory
+    if path.is_dir():
+        raise ConfigError(f"{key}: {path} is a folder; give a .txt or .jsonl file")
     if not path.is_file():
-        raise FileNotFoundError(
-            f"prompt set {spec!r} is neither a built-in ({', '.join(BUILTIN)}) nor a file"
-        )
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+        raise ConfigError(f"{key}: prompt set {spec!r} is neither a built-in "
+                          f"({', '.join(BUILTIN)}) nor a file")
+    lines = read_utf8(path, key).splitlines()
     if path.suffix == ".jsonl":
-        items = []
-        for n, line in enumerate(lines, 1):
-            record = json.loads(line)
-            if "prompt" not in record:
-                raise ValueError(f"{path}:{n}: every JSON line needs a 'prompt'")
-            items.append((record.pop("prompt"), record))
-        return items
-    return [(line.strip(), {}) for line in lines]
+        items = [_jsonl_prompt(line, f"{key}: {path}:{n}")
+                 for n, line in enumerate(lines, 1) if line.strip()]
+    else:
+        items = [(line.strip(), {}) for line in lines if line.strip()]
+    if not items:
+        raise ConfigError(f"{key}: {path} has no prompts (empty or blank lines only)")
+    return items
+
+
+def _jsonl_prompt(line: str, where: str) -> Prompt:
+    """One ``.jsonl`` line as ``(prompt, metadata)``; ``where`` (``key: file:line``) starts the
+    message of the :class:`~flowgrpo.config.ConfigError` a bad line raises."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"{where}: expected a JSON object with a 'prompt', got "
+                          f"{type(record).__name__}")
+    if "prompt" not in record:
+        raise ConfigError(f"{where}: every JSON line needs a 'prompt' (this one has: "
+                          f"{', '.join(record) or 'no keys'})")
+    prompt = record.pop("prompt")
+    if not isinstance(prompt, str):
+        raise ConfigError(f"{where}: 'prompt' must be a string, got {type(prompt).__name__}")
+    return prompt, record
 
 
 def sample_groups(

@@ -59,6 +59,7 @@ class AceStepAdapter(FlowAdapter):
     """
 
     modality = "audio"
+    pipeline_classes = ("AceStepPipeline",)
     # Self- and cross-attention projections of every DiT block.
     default_lora_targets = ("to_q", "to_k", "to_v", "to_out.0")
     text_encoder_names = ("text_encoder", "condition_encoder")

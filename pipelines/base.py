@@ -60,6 +60,9 @@ class FlowAdapter(ABC):
 
     Attributes:
         modality: ``"image"``, ``"video"`` or ``"audio"`` (what :meth:`decode` returns).
+        pipeline_classes: the diffusers pipeline class names (``model_index.json``'s
+            ``_class_name``) this family loads; ``flowgrpo`` checks ``model.path`` against them
+            before loading any weight. Empty (the default): the path is not checked.
         sample_rate: audio samples per second (audio families only).
         transformer: the module LoRA wraps and the optimizer trains.
         pipeline: the underlying diffusers pipeline (components, ``load_lora_weights``).
@@ -71,6 +74,7 @@ class FlowAdapter(ABC):
     """
 
     modality: str = "image"
+    pipeline_classes: tuple[str, ...] = ()
     sample_rate: int | None = None
     default_lora_targets: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
     text_encoder_names: tuple[str, ...] = ("text_encoder", "text_encoder_2", "text_encoder_3")

@@ -62,6 +62,7 @@ class FluxAdapter(FlowAdapter):
 
     # Attention projections of both streams, as in common FLUX LoRA recipes (the single-stream
     # blocks' to_q/k/v match ``attn.to_*`` too; they have no output projection of their own).
+    pipeline_classes = ("FluxPipeline",)
     default_lora_targets = MMDIT_LORA_TARGETS
 
     def __init__(

@@ -28,6 +28,7 @@ class SD3Adapter(FlowAdapter):
         pipeline: an already built ``StableDiffusion3Pipeline`` (tests, custom components).
     """
 
+    pipeline_classes = ("StableDiffusion3Pipeline",)
     default_lora_targets = MMDIT_LORA_TARGETS
 
     def __init__(

@@ -43,6 +43,7 @@ class WanAdapter(FlowAdapter):
 
     modality = "video"
     # Self- and cross-attention projections of every block (attn1 / attn2), the usual Wan LoRA.
+    pipeline_classes = ("WanPipeline",)
     default_lora_targets = ("to_q", "to_k", "to_v", "to_out.0")
 
     def __init__(
