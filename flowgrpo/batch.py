@@ -66,6 +66,10 @@ class RolloutBatch:
         info: scalar metrics the later phases report (averaged over processes).
         sample_weights: ``[B]`` importance weights of the samples (1 unless pruned).
         iteration: the training iteration the batch belongs to.
+        index: ``[B]`` global sample indices (rank * B + i): what per-sample randomness is
+            keyed by, so it does not depend on the number of processes.
+        valid: ``[B]`` bool, False for the samples of groups whose reward failed and were
+            skipped (``run.on_reward_error`` / ``run.on_nonfinite: skip_group``).
     """
 
     traj: Trajectory
@@ -81,15 +85,22 @@ class RolloutBatch:
     info: dict[str, float] = field(default_factory=dict)
     sample_weights: torch.Tensor | None = None
     iteration: int = 0
+    index: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.views = self.views or [self.traj.cond]
         self.view_rewards = self.view_rewards or [self.reward]
         if self.sample_weights is None:
             self.sample_weights = torch.ones(len(self.groups))
+        if self.index is None:
+            self.index = torch.arange(len(self.groups))
+        if self.valid is None:
+            self.valid = torch.ones(len(self.groups), dtype=torch.bool)
 
     @staticmethod
     def build(trajs, prompts, metadata, groups, reward, step_weights,
-              iteration: int = 0) -> RolloutBatch:
+              iteration: int = 0, index: torch.Tensor | None = None,
+              valid: torch.Tensor | None = None) -> RolloutBatch:
         return RolloutBatch(cat_trajectories(trajs), prompts, metadata, groups, reward,
-                            step_weights, iteration=iteration)
+                            step_weights, iteration=iteration, index=index, valid=valid)

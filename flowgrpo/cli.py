@@ -1,6 +1,6 @@
 """The ``flowgrpo`` command.
 
-    flowgrpo train [CONFIG] [--set key=value ...] [--resume auto|PATH]
+    flowgrpo train [CONFIG] [--set key=value ...] [--resume auto|PATH] [--overwrite]
     flowgrpo config [CONFIG] [--set ...] [--help-fields]
     flowgrpo sample [CONFIG] [--run RUN_DIR] [--prompt TEXT ...] [--sampler NAME] ...
     flowgrpo eval [CONFIG] [--run RUN_DIR] [--set ...]
@@ -38,10 +38,11 @@ def _load(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    config = _load(args)
+    from .resume import train_config
     from .trainer import Trainer
 
-    Trainer(config, resume=args.resume).train()
+    config, resume = train_config(args.config, args.overrides, args.resume)
+    Trainer(config, resume=resume, overwrite=args.overwrite).train()
     return 0
 
 
@@ -117,7 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="run GRPO training")
     _config_args(p)
     p.add_argument("--resume", default=None, metavar="auto|PATH",
-                   help="continue from the latest checkpoint (auto) or a run/checkpoint folder")
+                   help="continue a run: auto (run.output_dir, else the run saved last) or a "
+                   "run/checkpoint folder; without CONFIG the checkpoint's config is used")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh in a run folder that holds a run, deleting it")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("config", help="print the resolved config")

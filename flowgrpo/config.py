@@ -329,8 +329,26 @@ class RunConfig:
     wandb_project: str = _help("W&B project name", default="flowgrpo")
     cpu: bool = _help("run on CPU even if an accelerator is present", default=False)
     progress: bool = _help("show a progress bar", default=True)
+    on_reward_error: str = _help("when a reward raises or returns the wrong number of scores: "
+                                 "stop (checkpoint, exit 1), skip_group (train without the "
+                                 "groups of the failed chunk) or retry (run.reward_retries "
+                                 "times, then stop)", default="retry")
+    reward_retries: int = _help("retries of a failed reward call (on_reward_error: retry)",
+                                default=2)
+    on_nonfinite: str = _help("when a reward returns NaN or inf: stop (checkpoint, exit 1) or "
+                              "skip_group (train without the groups holding one)",
+                              default="stop")
+    max_nonfinite_steps: int = _help("optimizer steps with a non-finite loss or gradient are "
+                                     "skipped; this many in a row stop the run", default=3)
+
     def validate(self) -> None:
         _check(self.epochs >= 1, "run.epochs", self.epochs, "must be >= 1")
+        _choice("run.on_reward_error", self.on_reward_error, ("stop", "skip_group", "retry"))
+        _choice("run.on_nonfinite", self.on_nonfinite, ("stop", "skip_group"))
+        _check(self.reward_retries >= 0, "run.reward_retries", self.reward_retries,
+               "must be >= 0")
+        _check(self.max_nonfinite_steps >= 1, "run.max_nonfinite_steps",
+               self.max_nonfinite_steps, "must be >= 1")
         for key in ("eval_every", "save_every"):
             _check(getattr(self, key) >= 0, f"run.{key}", getattr(self, key), "must be >= 0")
         _check(self.keep_checkpoints >= 1, "run.keep_checkpoints", self.keep_checkpoints,

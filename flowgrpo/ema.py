@@ -39,5 +39,7 @@ class EMA:
         return {str(i): s for i, s in enumerate(self.shadow)}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        from .engines import copy_full_
+
         for i, s in enumerate(self.shadow):
-            s.copy_(state[str(i)])
+            copy_full_(s, state[str(i)])  # whole tensors from a checkpoint, sharded or not

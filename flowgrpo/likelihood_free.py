@@ -50,10 +50,15 @@ class Draws:
     noise: torch.Tensor
 
 
-def draw(x0: torch.Tensor, k: int, timesteps: str, generator: torch.Generator,
+def draw(x0: torch.Tensor, k: int, timesteps: str,
+         generator: torch.Generator | list[torch.Generator],
          t_range: tuple[float, float] = (0.02, 0.98)) -> Draws:
     """``K`` draws per sample: ``t`` uniform in ``t_range`` or logit-normal (``sigmoid(N(0,
-    1))``, SD3's training density, clamped to ``t_range``), noise standard normal."""
+    1))``, SD3's training density, clamped to ``t_range``), noise standard normal. With a list
+    of generators, sample ``i`` draws from ``generator[i]`` alone."""
+    if isinstance(generator, (list, tuple)):
+        parts = [draw(x0[i:i + 1], k, timesteps, g, t_range) for i, g in enumerate(generator)]
+        return Draws(torch.cat([p.t for p in parts]), torch.cat([p.noise for p in parts]))
     b = x0.shape[0]
     if timesteps == "uniform":
         t = t_range[0] + (t_range[1] - t_range[0]) * torch.rand(b, k, generator=generator)
@@ -113,9 +118,10 @@ class ForwardObjective(Objective):
     def draws(self, batch: RolloutBatch) -> Draws:
         from .trainer import hash_seed
 
-        seed = hash_seed(self.policy.seed, batch.iteration, int(batch.groups.min()), 3)
-        gen = torch.Generator().manual_seed(seed)
-        return draw(batch.traj.final.float().cpu(), self.k, self.timesteps, gen)
+        # one stream per sample, keyed by its global index: the same on any number of processes
+        gens = [torch.Generator().manual_seed(hash_seed(self.policy.seed, batch.iteration, i, 3))
+                for i in batch.index.tolist()]
+        return draw(batch.traj.final.float().cpu(), self.k, self.timesteps, gens)
 
     def velocities(self, batch: RolloutBatch, draws: Draws, idx: torch.Tensor,
                    k: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:

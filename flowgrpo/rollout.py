@@ -142,6 +142,19 @@ def solve(
     return integrate(model_velocity(adapter, cond, guidance, autocast), x, sigmas, method)
 
 
+def step_noise(x: torch.Tensor, stochastic: torch.Tensor,
+               generator: torch.Generator | list[torch.Generator] | None) -> torch.Tensor:
+    """Standard-normal noise shaped like ``x`` for one step: from one generator for the whole
+    batch, or from each stochastic sample's own generator (zeros for the others)."""
+    if not isinstance(generator, (list, tuple)):
+        return torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+    noise = torch.zeros(x.shape, device=x.device, dtype=torch.float32)
+    for i in stochastic.nonzero().flatten().tolist():
+        noise[i] = torch.randn(x.shape[1:], generator=generator[i], device=x.device,
+                               dtype=torch.float32)
+    return noise
+
+
 @torch.no_grad()
 def rollout(
     adapter: FlowAdapter,
@@ -150,7 +163,7 @@ def rollout(
     noise: torch.Tensor,
     sigmas: torch.Tensor,
     trained: torch.Tensor,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
 ) -> Trajectory:
     """Denoise ``noise`` along ``sigmas``; each sample's ``trained`` steps use the sampler,
     its other steps Euler.
@@ -160,8 +173,11 @@ def rollout(
         sigmas: ``[N+1]`` descending schedule from the adapter.
         trained: ``[B, J]`` stochastic step indices per sample (``J`` may be 0: a deterministic
             Euler rollout).
-        generator: the noise of the stochastic steps; a step draws noise for the whole batch
-            whenever any sample is stochastic there.
+        generator: the noise of the stochastic steps. One generator: a step draws noise for
+            the whole batch whenever any sample is stochastic there. A list, one per sample
+            (the trainer's): each sample draws from its own stream at its own stochastic steps
+            only, so a sample's trajectory does not depend on its batch-mates (the same on any
+            number of processes and any chunking).
     """
     velocity = model_velocity(adapter, cond, spec.guidance, spec.autocast)
     ode, dtype = samplers.get("ode"), spec.storage_dtype
@@ -186,7 +202,8 @@ def rollout(
         stochastic = here.any(1)
         if bool(stochastic.any()):
             tr = spec.sampler.transition(v, x, float(s), float(s_next), velocity_fn=velocity)
-            x_new = samplers.sample_next(tr, generator=generator).to(dtype).float()
+            x_new = samplers.sample_next(tr, noise=step_noise(x, stochastic, generator))
+            x_new = x_new.to(dtype).float()
             lp = samplers.gaussian_log_prob(x_new, tr.mean, tr.std)
             log_probs = torch.where(here, lp[:, None], log_probs)
             if not bool(stochastic.all()):

@@ -32,10 +32,14 @@ def new_run_dir(root: str | Path = "runs") -> Path:
 
 
 class Tracker:
-    """Writes metrics and media of the main process; a no-op elsewhere."""
+    """Writes metrics and media of the main process; a no-op elsewhere.
+
+    ``purge_step`` (a resume): TensorBoard drops the events of that step and later, which an
+    interrupted run wrote after its last checkpoint (``metrics.jsonl`` is cut back by
+    :func:`flowgrpo.resume.truncate_metrics` before the tracker opens it)."""
 
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, wandb_project: str | None,
-                 config: dict) -> None:
+                 config: dict, purge_step: int | None = None) -> None:
         self.run_dir = run_dir
         self.enabled = enabled
         self._tb = self._wandb = None
@@ -46,7 +50,8 @@ class Tracker:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(run_dir / "tb"))
+            # on a resume, TensorBoard discards the events at and after purge_step
+            self._tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge_step)
         if wandb_project:
             import wandb
 

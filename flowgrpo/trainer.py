@@ -11,6 +11,8 @@ calls, evaluate and checkpoint.
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -24,7 +26,8 @@ import samplers
 from . import advantages as adv_lib
 from . import checkpoint as ckpt
 from . import credit as credit_lib
-from . import objectives, pruning
+from . import engines, objectives, pruning
+from . import resume as resume_lib
 from . import steps as steps_lib
 from .batch import RolloutBatch, chunks
 from .calls import CallCounter
@@ -32,9 +35,10 @@ from .config import Config
 from .config_io import to_dict, to_yaml
 from .data import load_prompts, sample_groups
 from .ema import EMA
+from .errors import Interrupted, RunError
 from .evaluate import Evaluator
-from .model import load_adapter, make_trainable
-from .rewards import RewardRunner
+from .model import load_adapter, make_trainable, unwrap
+from .rewards import RewardRunner, RewardStop
 from .rollout import RolloutSpec, rollout
 from .tracking import Tracker, new_run_dir
 from .views import Views
@@ -45,23 +49,40 @@ class Trainer:
 
     Args:
         config: the resolved configuration.
-        resume: ``None`` (fresh run), ``"auto"`` (latest checkpoint of ``run.output_dir``, or of
-            the newest run under ``runs/``) or a checkpoint / run folder.
+        resume: ``None`` (fresh run), ``"auto"`` (the newest intact checkpoint of
+            ``run.output_dir``, or of the run under ``runs/`` saved last) or a checkpoint / run
+            folder. The checkpoint's config must match ``config`` but for harmless keys
+            (:data:`flowgrpo.resume.HARMLESS`).
+        overwrite: start a fresh run even in a folder that holds one (its files are deleted);
+            without it such a folder is refused.
     """
 
-    def __init__(self, config: Config, resume: str | None = None) -> None:
+    def __init__(self, config: Config, resume: str | None = None,
+                 overwrite: bool = False) -> None:
         from accelerate import Accelerator
         from accelerate.utils import broadcast_object_list, set_seed
 
         self.cfg = cfg = config
         self.acc = Accelerator(cpu=cfg.run.cpu or not torch.cuda.is_available())
-        checkpoint = ckpt.find_checkpoint(resume, cfg.run.output_dir) if resume else None
+        self.rank, self.world = self.acc.process_index, self.acc.num_processes
+        main = self.acc.is_main_process
+        checkpoint = (ckpt.find_checkpoint(resume, cfg.run.output_dir,
+                                           warn=resume_lib.warn if main else None)
+                      if resume else None)
+        changed: dict = {}
         if checkpoint is not None:
             run_dir = checkpoint.parent.parent
+            state = ckpt.read_json(checkpoint / "state.json")
+            changed = resume_lib.check_config(state["config"], int(state.get("world_size", 1)),
+                                              cfg, self.world)
         else:
             run_dir = Path(cfg.run.output_dir) if cfg.run.output_dir else new_run_dir()
         self.run_dir = Path(broadcast_object_list([str(run_dir)])[0])
-        self.rank, self.world = self.acc.process_index, self.acc.num_processes
+        if checkpoint is None:
+            resume_lib.guard_fresh(self.run_dir, overwrite, clear=False)
+        if main:
+            print(f"flowgrpo: {engines.describe(self.acc)}; run directory {self.run_dir}",
+                  flush=True)
         set_seed(cfg.run.seed + self.rank)
 
         self.adapter = load_adapter(cfg.model, self.acc.device)
@@ -73,9 +94,13 @@ class Trainer:
             self.params, lr=cfg.train.lr, betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
             weight_decay=cfg.train.weight_decay,
         )
+        engines.set_deepspeed_micro_batch(self.acc, cfg.train.train_batch_size
+                                          or cfg.train.batch_size)
         self.adapter.transformer, self.optimizer = self.acc.prepare(
             self.adapter.transformer, self.optimizer
         )
+        # FSDP2 replaces the parameter objects; under DDP these are the same ones
+        self.params = engines.trainable_parameters(unwrap(self.adapter.transformer))
         self.ema = EMA(self.params, cfg.train.ema_decay) if cfg.train.ema else None
         self.sampler = samplers.get(cfg.sampler.name, **cfg.sampler.params)
         tc = cfg.train
@@ -83,7 +108,7 @@ class Trainer:
                                          **tc.step_selection_params)
         self.credit = credit_lib.build(tc.credit, **tc.credit_params)
         self.views = Views(tc.views, tc.enhancer, tc.enhancer_params, cfg.run.seed)
-        self.rewards = RewardRunner(cfg.reward, self.adapter)
+        self.rewards = RewardRunner(cfg.reward, self.adapter, cfg.run)
         self.prompts = load_prompts(cfg.data.prompts)
         self.autocast = autocast_factory(cfg.model.mixed_precision, self.acc.device)
         self.spec = RolloutSpec(self.sampler, cfg.model.guidance, cfg.sampler.after_window,
@@ -97,23 +122,43 @@ class Trainer:
         self.objective = objectives.build(tc.objective, policy, **tc.objective_params)
         self.pruner = pruning.build(tc.pruner, **tc.pruner_params)
         self.adv_state: dict = {}  # a stateful advantage estimator's running statistics
+        self.nonfinite_run = 0  # optimizer steps skipped in a row for non-finite gradients
         self._cond_cache: dict[str, object] = {}
         self.start_epoch = 0
-        if self.acc.is_main_process:
+        if checkpoint is not None:
+            self.load(checkpoint)
+        self.stop_signal = 0
+        if main:  # the run folder: nothing of an earlier run is lost or duplicated
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+            for leftover in ckpt.remove_leftovers(self.run_dir):
+                resume_lib.warn(f"removed {leftover}, an unfinished checkpoint write")
+            if checkpoint is None:
+                resume_lib.guard_fresh(self.run_dir, overwrite, clear=True)
+                (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+            else:
+                dropped = resume_lib.truncate_metrics(self.run_dir, self.start_epoch)
+                resume_lib.record(self.run_dir, checkpoint, self.start_epoch, self.world,
+                                  changed, dropped)
+                print(f"flowgrpo: resuming from {checkpoint} at step {self.start_epoch}"
+                      + (f" (changed: {', '.join(changed)})" if changed else ""), flush=True)
         self.acc.wait_for_everyone()
         self.tracker = Tracker(
-            self.run_dir, self.acc.is_main_process, cfg.run.tensorboard,
+            self.run_dir, main, cfg.run.tensorboard,
             cfg.run.wandb_project if cfg.run.wandb else None, to_dict(cfg),
+            purge_step=self.start_epoch + 1 if checkpoint is not None else None,
         )
         self.evaluator = Evaluator(
             cfg, self.adapter, self.rewards,
             load_prompts(cfg.data.eval_prompts or cfg.data.prompts), self.encode, self.acc,
             self.autocast, self.tracker, self.ema,
         )
-        if checkpoint is not None:
-            self.load(checkpoint)
+
+    def state_dict(self) -> dict:
+        """The trainer's own counters (checkpointed in ``state.json``)."""
+        return {"nonfinite_run": self.nonfinite_run}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.nonfinite_run = int(state.get("nonfinite_run", 0))
 
     def use_sampler(self, sampler: samplers.Sampler) -> None:
         """Roll out and train with ``sampler`` from now on."""
@@ -121,9 +166,12 @@ class Trainer:
 
     # ----------------------------------------------------------------- phases of an epoch
     def encode(self, prompts: list[str], cache: bool = True):
-        """Encode each distinct prompt once and expand to the batch; encodings are cached across
-        epochs when the family allows it (``per_prompt_encoding``), the config asks for it and
-        ``cache`` is True (generated captions pass False)."""
+        """Encode each distinct prompt once and expand to the batch.
+
+        When the family allows it (``per_prompt_encoding``), each prompt is encoded on its own,
+        so its encoding does not depend on which prompts share the call: a resumed run and a
+        run on more processes see the same numbers. The encodings are cached across epochs when
+        the config asks for it and ``cache`` is True (generated captions pass False)."""
         from pipelines import Cond
 
         if not self.adapter.per_prompt_encoding:  # one call, so every row shares its padding
@@ -134,9 +182,8 @@ class Trainer:
         todo = sorted({p for p in prompts if p not in self._cond_cache})
         if todo:
             with self.offloaded(self.adapter.text_encoder_names):
-                enc = self.adapter.encode(todo)
-            for i, p in enumerate(todo):
-                self._cond_cache[p] = enc.index(slice(i, i + 1))
+                for p in todo:
+                    self._cond_cache[p] = self.adapter.encode([p])
         cond = Cond.cat([self._cond_cache[p] for p in prompts])
         if not (self.cfg.model.cache_prompt_embeds and cache):
             self._cond_cache.clear()
@@ -156,18 +203,22 @@ class Trainer:
             self.adapter.move_components(names, "cpu")
 
     def sample(self, epoch: int) -> RolloutBatch:
-        """Roll out one batch of prompt groups; rewards overlap the following chunks."""
+        """Roll out one batch of prompt groups; rewards overlap the following chunks.
+
+        All randomness comes from global indices: the epoch's prompt groups are drawn for every
+        process from ``(seed, epoch)`` and each process takes its share; each sample's noise
+        comes from ``(seed, epoch, global sample index)``. One process with a global batch of
+        ``2N`` and two with ``N`` each roll out the same samples."""
         cfg = self.cfg
-        gen = torch.Generator().manual_seed(hash_seed(cfg.run.seed, epoch, self.rank))
         k = cfg.train.group_size
-        local_groups = cfg.train.batch_size // k
-        texts, metas, groups = sample_groups(self.prompts, local_groups, k, gen)
-        groups = groups + self.rank * local_groups
-        for m, g in zip(metas, groups.tolist()):
-            m["group"] = g
-        noise_gen = torch.Generator(self.acc.device).manual_seed(
-            hash_seed(cfg.run.seed, epoch, self.rank, 1)
-        )
+        n = cfg.train.batch_size
+        gen = torch.Generator().manual_seed(hash_seed(cfg.run.seed, epoch))
+        texts, metas, groups = sample_groups(self.prompts, n // k * self.world, k, gen)
+        mine = slice(self.rank * n, (self.rank + 1) * n)
+        texts, metas, groups = texts[mine], metas[mine], groups[mine]
+        index = torch.arange(self.rank * n, (self.rank + 1) * n)
+        gens = [torch.Generator(self.acc.device).manual_seed(hash_seed(cfg.run.seed, epoch, i, 1))
+                for i in index.tolist()]
         sigmas = self.adapter.schedule(cfg.sampler.num_steps)
         trained = self.selection.select(sigmas, groups, epoch, self.sampler)
         weights = self.selection.weights(sigmas, trained, self.sampler).to(self.acc.device)
@@ -179,33 +230,47 @@ class Trainer:
         with self.offloaded(("vae",)), self.objective.sampling():
             for sl in chunks(len(texts), size):
                 cond = cond_all.index(sl)
-                noise = self.adapter.noise(len(cond), noise_gen)
+                noise = torch.cat([self.adapter.noise(1, g) for g in gens[sl]])
                 traj = rollout(self.adapter, self.spec, cond, noise, sigmas, trained[sl],
-                               generator=noise_gen)
+                               generator=gens[sl])
                 media = self.adapter.decode(traj.final)
                 pending.append(self.rewards.submit(media, texts[sl], metas[sl]))
                 trajs.append(traj)
-        return RolloutBatch.build(trajs, texts, metas, groups, self.rewards.collect(pending),
-                                  weights, iteration=epoch)
+        try:
+            reward, valid = self.rewards.collect(pending, groups)
+            error = None
+        except RewardStop as err:
+            error = err
+        if self.any_process(error is not None):  # every process stops together
+            raise error or RewardStop("a reward failed on another process")
+        return RolloutBatch.build(trajs, texts, metas, groups, reward, weights, iteration=epoch,
+                                  index=index, valid=valid)
 
     def advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict]:
         """Credit the rewards, gather them from every process, normalise every column within its
-        group and keep this process's part: ``[B, V, J, P]``."""
+        group and keep this process's part: ``[B, V, J, P]``. Samples of skipped groups
+        (``batch.valid`` False) take no part and get advantage 0."""
         cfg = self.cfg
         signal = self.credit.rewards(self, batch)
         batch.regions = signal.regions
         groups = self.acc.gather(batch.groups.to(self.acc.device))
+        valid = self.acc.gather(batch.valid.to(self.acc.device)).bool().cpu()
+        rewards = self.rewards.for_advantages(signal, self.acc)
+        confidence = self.confidence(batch)
         adv, metrics = adv_lib.compute_advantages(
-            self.rewards.for_advantages(signal, self.acc), groups, estimator=cfg.train.advantage,
+            _rows(rewards, valid), groups[valid.to(groups.device)], estimator=cfg.train.advantage,
             adv_clip=cfg.train.adv_clip or None, weights=self.rewards.weights,
             aggregation=cfg.reward.aggregation, params=cfg.train.advantage_params,
             state=self.adv_state, progress=batch.iteration / cfg.run.epochs,
-            confidence=self.confidence(batch),
-        )
+            confidence=None if confidence is None else confidence[valid],
+        ) if bool(valid.any()) else (None, {})
+        full = torch.zeros(len(valid), *(() if adv is None else adv.shape[1:]))
+        if adv is not None:
+            full[valid] = adv.float().cpu()
         n = len(batch.groups)
-        metrics.update(self.rewards.metrics(batch.reward, self.acc))
+        metrics.update(self.rewards.metrics(batch.reward, self.acc, valid=batch.valid))
         metrics.update(self.reduce(dict(batch.info)))
-        return adv[self.rank * n:(self.rank + 1) * n].to(self.acc.device), metrics
+        return full[self.rank * n:(self.rank + 1) * n].to(self.acc.device), metrics
 
     def confidence(self, batch: RolloutBatch) -> torch.Tensor | None:
         """Each trajectory's sampling log-prob summed over its trained steps, from every process,
@@ -217,70 +282,128 @@ class Trainer:
     def update(self, batch: RolloutBatch, adv: torch.Tensor, epoch: int) -> dict:
         """``num_inner_epochs`` passes of minibatch updates of the objective.
 
+        Minibatches are cut from one order of the global batch, drawn from ``(seed, epoch)``;
+        each process trains its samples of each global minibatch, its loss scaled by its share,
+        so the update is the global minibatch's mean gradient on any number of processes.
+
         Args:
             adv: this process's advantages, ``[B]`` or ``[B, V, J, P]``.
         """
         cfg = self.cfg.train
         batch.advantages = canonical_advantages(adv, batch)
-        keep = torch.arange(len(batch.groups), device=self.acc.device)
+        n = len(batch.groups)
+        train = batch.valid.to(self.acc.device).clone()
         if cfg.skip_zero_advantage and cfg.beta == 0:
             # with a KL term a zero-advantage sample still has a gradient: it is trained
-            keep = keep[batch.advantages.flatten(1).ne(0).any(1)]
-        keep, out = self.prune(batch, keep, epoch)
-        state = self.objective.prepare(batch, keep)  # only what will be trained
-        size = cfg.train_batch_size or cfg.batch_size
-        # every process runs the same number of minibatches so DDP collectives stay in step
-        n_mb = int(self.acc.gather(torch.tensor([math.ceil(len(keep) / size)],
-                                                device=self.acc.device)).max())
+            train &= batch.advantages.flatten(1).ne(0).any(1)
+        everywhere = self.acc.gather(train).bool().cpu()
+        keep, out = self.prune(batch, everywhere.nonzero().flatten(), epoch)
+        low = self.rank * n
+        mine = keep[(keep >= low) & (keep < low + n)] - low
+        state = self.objective.prepare(batch, mine.to(self.acc.device))  # only what is trained
+        size = (cfg.train_batch_size or cfg.batch_size) * self.world  # a global minibatch
+        n_mb = math.ceil(len(keep) / size)
         units = self.objective.units(batch)
         sums: dict[str, float] = {}
-        count = 0
-        gen = torch.Generator().manual_seed(hash_seed(self.cfg.run.seed, epoch, self.rank, 2))
+        count = 0.0
+        norms: list[float] = []  # the gradient norm of each step taken (the same everywhere)
+        skipped = 0
+        gen = torch.Generator().manual_seed(hash_seed(self.cfg.run.seed, epoch, 2))
         for _ in range(cfg.num_inner_epochs):
-            order = keep[torch.randperm(len(keep), generator=gen).to(keep.device)]
+            order = keep[torch.randperm(len(keep), generator=gen)]
             for m in range(n_mb):
-                idx, scale = order[m * size:(m + 1) * size], 1.0
-                if len(idx) == 0:  # nothing left here: a zero-weight pass keeps DDP in step
-                    idx, scale = torch.zeros(1, dtype=torch.long, device=keep.device), 0.0
+                part = order[m * size:(m + 1) * size]
+                idx = part[(part >= low) & (part < low + n)] - low
+                # DDP averages over processes: a share of len(idx) / len(part) of the minibatch
+                scale = len(idx) * self.world / len(part)
+                if len(idx) == 0:  # nothing here: a zero-weight pass keeps DDP in step
+                    idx, scale = torch.zeros(1, dtype=torch.long), 0.0
+                idx = idx.to(self.acc.device)
                 boundary = (m + 1) % cfg.gradient_accumulation == 0 or m == n_mb - 1
                 for u, unit in enumerate(units):
                     sync = boundary and u == len(units) - 1
                     with nullcontext() if sync else self.acc.no_sync(self.adapter.transformer):
                         loss, metrics = self.objective.loss(batch, state, idx, unit)
                         self.acc.backward(loss * scale / (len(units) * cfg.gradient_accumulation))
-                    if scale:
+                    if scale:  # metrics are means over the trained samples of all processes
                         for key, value in metrics.items():
-                            sums[key] = sums.get(key, 0.0) + float(value)
-                        count += 1
+                            sums[key] = sums.get(key, 0.0) + float(value) * len(idx)
+                        count += len(idx)
                 if boundary:
-                    if cfg.max_grad_norm:
-                        norm = self.acc.clip_grad_norm_(self.params, cfg.max_grad_norm)
-                        sums["train/grad_norm"] = sums.get("train/grad_norm", 0.0) + float(norm)
-                    self.optimizer.step()
-                    self.optimizer.zero_grad(set_to_none=True)
-                    if self.ema is not None:
-                        self.ema.update()
+                    norm = self.step_optimizer()
+                    skipped += norm is None
+                    if norm is not None and cfg.max_grad_norm:
+                        norms.append(norm)
         self.objective.after_update()
-        out.update({k: v / max(count, 1) for k, v in sums.items() if k != "train/grad_norm"})
-        updates = cfg.num_inner_epochs * math.ceil(n_mb / cfg.gradient_accumulation)
-        if "train/grad_norm" in sums:
-            out["train/grad_norm"] = sums["train/grad_norm"] / max(updates, 1)
-        out["train/samples"] = float(len(keep))
-        return self.reduce(out)
+        totals = self.total({**sums, "_count": count})
+        count = totals.pop("_count")
+        out.update({k: v / max(count, 1) for k, v in totals.items()})
+        if norms:
+            out["train/grad_norm"] = sum(norms) / len(norms)
+        out["train/samples"] = float(len(keep))  # trained samples of all processes
+        if skipped:
+            out["train/nonfinite_steps"] = float(skipped)
+        return out
+
+    def step_optimizer(self) -> float | None:
+        """Clip and take an optimizer step, unless the gradient is not finite: then skip it and
+        count it; ``run.max_nonfinite_steps`` skipped in a row stop the run. Returns the
+        gradient norm of a step taken, None for a skipped one."""
+        cfg = self.cfg.train
+        if cfg.max_grad_norm:
+            norm = self.acc.clip_grad_norm_(self.params, cfg.max_grad_norm)
+        else:
+            grads = [p.grad.detach().norm() for p in self.params if p.grad is not None]
+            norm = torch.stack(grads).norm() if grads else torch.zeros(())
+        finite = bool(torch.isfinite(torch.as_tensor(norm)))
+        if finite:
+            self.optimizer.step()
+            if self.ema is not None:
+                self.ema.update()
+            self.nonfinite_run = 0
+        else:
+            self.nonfinite_run += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        limit = self.cfg.run.max_nonfinite_steps
+        if self.nonfinite_run >= limit:
+            raise RunError(f"{limit} optimizer steps in a row had a non-finite loss or gradient "
+                           f"(run.max_nonfinite_steps); the weights were not changed by them")
+        return float(norm) if finite else None
 
     def prune(self, batch: RolloutBatch, keep: torch.Tensor, epoch: int) -> tuple[torch.Tensor,
                                                                                  dict]:
-        """Drop low-information samples among ``keep`` (``train.pruner``) and give the kept ones
-        importance weights ``batch.sample_weights``, scaled by ``kept / candidates`` so that the
-        minibatch means stay unbiased estimates of the full batch's. Returns the kept indices
-        and ``train/pruned_frac``, the fraction of training forwards saved."""
-        gen = torch.Generator().manual_seed(hash_seed(self.cfg.run.seed, epoch, self.rank, 4))
-        local, weight = self.pruner(batch.advantages[keep].cpu(), batch.groups[keep.cpu()], gen)
-        kept = keep[local.to(keep.device)]
-        weights = torch.zeros(len(batch.groups))
-        weights[kept.cpu()] = weight.float().cpu() * len(kept) / max(len(keep), 1)
-        batch.sample_weights = weights
+        """Drop low-information samples among the global indices ``keep`` (``train.pruner``)
+        and give the kept ones importance weights ``batch.sample_weights``, scaled by ``kept /
+        candidates`` so that the minibatch means stay unbiased estimates of the full batch's.
+        Runs on the gathered batch from ``(seed, epoch)``, the same on every process. Returns
+        the kept global indices and ``train/pruned_frac``, the fraction of training forwards
+        saved."""
+        n = len(batch.groups)
+        advantages = self.acc.gather(batch.advantages.contiguous()).cpu()
+        groups = self.acc.gather(batch.groups.to(self.acc.device)).cpu()
+        gen = torch.Generator().manual_seed(hash_seed(self.cfg.run.seed, epoch, 4))
+        local, weight = self.pruner(advantages[keep], groups[keep], gen)
+        kept = keep[local.cpu()]
+        weights = torch.zeros(len(groups))
+        weights[kept] = weight.float().cpu() * len(kept) / max(len(keep), 1)
+        batch.sample_weights = weights[self.rank * n:(self.rank + 1) * n]
         return kept, {"train/pruned_frac": 1 - len(kept) / max(len(keep), 1)}
+
+    def any_process(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any process."""
+        if self.world == 1:
+            return flag
+        value = torch.tensor([float(flag)], device=self.acc.device)
+        return bool(self.acc.reduce(value, reduction="sum")[0] > 0)
+
+    def total(self, values: dict) -> dict:
+        """Sum of each value over processes."""
+        if self.world == 1 or not values:
+            return values
+        keys = sorted(values)
+        summed = self.acc.reduce(torch.tensor([float(values[k]) for k in keys],
+                                              device=self.acc.device), reduction="sum")
+        return dict(zip(keys, summed.tolist()))
 
     def reduce(self, metrics: dict) -> dict:
         """Mean of each metric over processes."""
@@ -293,44 +416,104 @@ class Trainer:
 
     # ----------------------------------------------------------------- the loop
     def train(self) -> dict:
-        """Run from ``start_epoch`` to ``run.epochs``; returns the last metrics row."""
+        """Run from ``start_epoch`` to ``run.epochs``; returns the last metrics row.
+
+        SIGINT and SIGTERM finish the current epoch, write a checkpoint and raise
+        :class:`~flowgrpo.errors.Interrupted` (exit 130 or 143); a second signal acts at once.
+        A reward fault under the ``stop`` policy writes the checkpoint of the epochs done and
+        raises :class:`~flowgrpo.errors.RunError`."""
         cfg = self.cfg.run
         started = time.time()
         base_eval = None
-        if self.start_epoch == 0:
-            with self.calls.paused():
-                base_eval = self.evaluator.run(0)
-            self.tracker.log(0, base_eval)  # the base model's eval row (no rollout yet)
-        bar = tqdm(range(self.start_epoch, cfg.epochs), disable=not (
-            cfg.progress and self.acc.is_main_process), desc="flowgrpo", unit="epoch")
-        row: dict = {}
-        for epoch in bar:
-            t0 = time.time()
-            batch = self.sample(epoch)
-            self.views.extend(self, batch, epoch)
-            t1 = time.time()
-            adv, metrics = self.advantages(batch)
-            metrics.update(self.update(batch, adv, epoch))
-            metrics.update(self.reduce(self.calls.take()))
-            t2 = time.time()
-            step = epoch + 1
-            metrics.update({"time/rollout": t1 - t0, "time/train": t2 - t1, "time/step": t2 - t0,
-                            "epoch": float(epoch)})
-            if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.epochs:
+        self.last_saved = self.start_epoch
+        previous = self.catch_signals()
+        try:
+            if self.start_epoch == 0:
                 with self.calls.paused():
-                    metrics.update(self.evaluator.run(step))
-            self.tracker.log(step, metrics)
-            row = metrics
-            # an epoch whose groups all had equal rewards trains nothing and has no loss metrics
-            kl = metrics.get("train/kl", metrics.get("train/approx_kl", float("nan")))
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kl=f"{kl:.2e}",
-                            step_s=f"{t2 - t0:.1f}")
-            if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.epochs:
-                self.save(step)
-        self.tracker.close()
+                    base_eval = self.evaluator.run(0)
+                self.tracker.log(0, base_eval)  # the base model's eval row (no rollout yet)
+            bar = tqdm(range(self.start_epoch, cfg.epochs), disable=not (
+                cfg.progress and self.acc.is_main_process), desc="flowgrpo", unit="epoch")
+            row: dict = {}
+            for epoch in bar:
+                row = self.epoch(epoch, bar)
+                step = epoch + 1
+                if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.epochs:
+                    self.save(step)
+                self.check_signals(step)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.tracker.close()
         if self.acc.is_main_process:
             self.print_summary(base_eval, row, time.time() - started)
         return row
+
+    def epoch(self, epoch: int, bar) -> dict:
+        """One epoch: roll out, credit, update, log (and eval); returns its metrics row."""
+        cfg = self.cfg.run
+        t0 = time.time()
+        try:
+            batch = self.sample(epoch)
+        except RewardStop as err:
+            self.stop_at(epoch, str(err))
+        self.views.extend(self, batch, epoch)
+        t1 = time.time()
+        adv, metrics = self.advantages(batch)
+        metrics.update(self.update(batch, adv, epoch))
+        metrics.update(self.reduce(self.calls.take()))
+        t2 = time.time()
+        step = epoch + 1
+        metrics.update({"time/rollout": t1 - t0, "time/train": t2 - t1, "time/step": t2 - t0,
+                        "epoch": float(epoch)})
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.epochs:
+            with self.calls.paused():
+                metrics.update(self.evaluator.run(step))
+        self.tracker.log(step, metrics)
+        # an epoch whose groups all had equal rewards trains nothing and has no loss metrics
+        kl = metrics.get("train/kl", metrics.get("train/approx_kl", float("nan")))
+        bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kl=f"{kl:.2e}",
+                        step_s=f"{t2 - t0:.1f}")
+        return metrics
+
+    def stop_at(self, done: int, reason: str) -> None:
+        """Stop before epoch ``done`` changed anything: checkpoint the ``done`` epochs (unless
+        saved already) and raise a one-line :class:`~flowgrpo.errors.RunError`."""
+        if done > self.last_saved:
+            self.save(done)
+        where = (f"checkpoint step_{done} holds the {done} epochs done; continue with --resume "
+                 "auto" if done else "nothing was trained yet")
+        raise RunError(f"{reason}; stopped at step {done} ({where})")
+
+    def catch_signals(self) -> dict:
+        """Route SIGINT and SIGTERM to :meth:`check_signals` (main thread only); returns the
+        handlers to restore."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def on_signal(signum: int, frame) -> None:
+            self.stop_signal = signum
+            for sig, handler in previous.items():  # a second signal acts at once
+                signal.signal(sig, handler)
+
+        for sig in previous:
+            signal.signal(sig, on_signal)
+        return previous
+
+    def check_signals(self, step: int) -> None:
+        """After each epoch: when any process got a signal, checkpoint and stop everywhere."""
+        signum = self.stop_signal
+        if self.world > 1:
+            signum = int(self.acc.reduce(torch.tensor([signum], device=self.acc.device),
+                                         reduction="max")[0])
+        if not signum:
+            return
+        if step > self.last_saved:
+            self.save(step)
+        name = signal.Signals(signum).name
+        raise Interrupted(f"stopped by {name} after step {step}; checkpoint step_{step} written; "
+                          f"continue with --resume auto", 128 + signum)
 
     def print_summary(self, base: dict | None, last: dict, seconds: float) -> None:
         lines = [f"run directory: {self.run_dir}", f"time: {seconds / 60:.1f} min"]
@@ -345,7 +528,9 @@ class Trainer:
     # ----------------------------------------------------------------- checkpoints
     def save(self, step: int) -> Path | None:
         """Write checkpoint ``step`` atomically (see :mod:`flowgrpo.checkpoint`)."""
-        return ckpt.save_trainer(self, step)
+        path = ckpt.save_trainer(self, step)
+        self.last_saved = step
+        return path
 
     def load(self, folder: Path) -> None:
         """Continue from checkpoint ``folder``: weights, optimizer, EMA, RNG, epoch."""
@@ -376,3 +561,10 @@ def autocast_factory(mixed_precision: str, device: torch.device):
         return nullcontext
     dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
     return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def _rows(rewards: torch.Tensor | dict, rows: torch.Tensor) -> torch.Tensor | dict:
+    """The ``rows`` of the gathered rewards (a tensor, or a dict of components)."""
+    if isinstance(rewards, dict):
+        return {k: v[rows] for k, v in rewards.items()}
+    return rewards[rows]

@@ -42,7 +42,7 @@ def reference_update(t: Trainer, batch, adv: torch.Tensor, epoch: int) -> dict:
     keep = torch.arange(len(adv))[adv != 0]
     size = cfg.train_batch_size or cfg.batch_size
     steps = batch.traj.num_trained
-    gen = torch.Generator().manual_seed(hash_seed(t.cfg.run.seed, epoch, t.rank, 2))
+    gen = torch.Generator().manual_seed(hash_seed(t.cfg.run.seed, epoch, 2))
     sums, count = {}, 0
     order = keep[torch.randperm(len(keep), generator=gen)]
     for m in range(math.ceil(len(keep) / size)):
@@ -56,9 +56,9 @@ def reference_update(t: Trainer, batch, adv: torch.Tensor, epoch: int) -> dict:
             loss = loss + cfg.beta * kl
             metrics.update({"train/kl": kl.detach(), "train/loss": loss.detach()})
             (loss / steps).backward()
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
-            count += 1
+            for key, value in metrics.items():  # metrics are means over the trained samples
+                sums[key] = sums.get(key, 0.0) + float(value) * len(idx)
+            count += len(idx)
         torch.nn.utils.clip_grad_norm_(t.params, cfg.max_grad_norm)
         t.optimizer.step()
         t.optimizer.zero_grad(set_to_none=True)
@@ -206,9 +206,10 @@ def test_per_sample_steps_are_stochastic_only_where_selected(tmp_path):
             assert (gap > 1e-3) if k == k_train else (gap < 1e-5), (i, k, float(gap))
 
 
-def test_libraries_import_only_the_registry_from_flowgrpo():
+def test_libraries_import_only_the_registry_and_errors_from_flowgrpo():
+    """The libraries stand alone: of flowgrpo they import only its two leaf modules."""
     code = ("import sys, samplers, pipelines, reward_models; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'flowgrpo'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
-    assert out == "['flowgrpo', 'flowgrpo.registry']"
+    assert out == "['flowgrpo', 'flowgrpo.errors', 'flowgrpo.registry']"

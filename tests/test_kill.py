@@ -1,0 +1,118 @@
+"""Exact resume through the CLI: SIGKILL at random points (between epochs, inside epochs and
+inside checkpoint writes), then ``--resume auto``, ends with the trainable weights and metrics
+rows of an uninterrupted run; SIGINT and SIGTERM checkpoint, print one line and exit 130/143."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_resume import stable
+
+from flowgrpo import checkpoint as ckpt
+from flowgrpo.tracking import read_metrics
+
+EPOCHS = 8
+SETTINGS = ["train.batch_size=8", "train.group_size=4", "sampler.num_steps=4",
+            "data.eval_images_per_prompt=1", "run.tensorboard=true", "run.progress=false",
+            f"run.epochs={EPOCHS}", "run.eval_every=3", "run.save_every=1"]
+
+
+def command(run: Path, *extra: str) -> list[str]:
+    sets = [a for s in SETTINGS for a in ("--set", s)]
+    return [sys.executable, "-m", "flowgrpo.cli", "train", *sets, "--set",
+            f"run.output_dir={run}", *extra]
+
+
+def start(run: Path) -> subprocess.Popen:
+    """Continue the run when it has a checkpoint, else start it afresh."""
+    extra = ("--resume", "auto") if ckpt.latest_checkpoint(run) else ("--overwrite",)
+    return subprocess.Popen(command(run, *extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def logged_since(run: Path, since: float) -> bool:
+    path = run / "metrics.jsonl"
+    return path.is_file() and path.stat().st_mtime > since and path.stat().st_size > 0
+
+
+def wait_for_progress(proc: subprocess.Popen, run: Path, since: float) -> None:
+    """Until the process logged a metrics row (or ended)."""
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and not logged_since(run, since):
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.02)
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "checkpoints" / f"step_{EPOCHS}" / "trainable.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run = tmp_path_factory.mktemp("uninterrupted")
+    proc = subprocess.run(command(run), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return final_weights(run), stable(read_metrics(run))
+
+
+def assert_same_run(run: Path, uninterrupted) -> None:
+    weights, rows = uninterrupted
+    got = final_weights(run)
+    assert sorted(got) == sorted(weights)
+    assert all(torch.equal(got[k], weights[k]) for k in weights)  # bitwise
+    assert stable(read_metrics(run)) == rows  # one row per step, the same values
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_then_resume_is_exact(tmp_path, uninterrupted):
+    rng = random.Random(0)
+    run, kills = tmp_path / "run", 0
+    while True:
+        since = time.time()
+        proc = start(run)
+        if kills < 4:
+            wait_for_progress(proc, run, since)
+            time.sleep(rng.uniform(0.0, 0.6))  # a random point of an epoch or of a save
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+                kills += 1
+                continue
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        break
+    assert kills == 4
+    assert_same_run(run, uninterrupted)
+    assert len((run / "resumes.jsonl").read_text().splitlines()) >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_checkpoints_prints_one_line_and_resumes_exactly(tmp_path, uninterrupted,
+                                                                  sig, code):
+    run = tmp_path / "run"
+    since = time.time()
+    proc = start(run)
+    wait_for_progress(proc, run, since)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == code, err[-3000:]
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    name = signal.Signals(sig).name
+    assert last.startswith(f"flowgrpo: stopped by {name} after step ")
+    step = int(last.split("after step ")[1].split(";")[0])
+    assert last.endswith(f"checkpoint step_{step} written; continue with --resume auto")
+    assert step < EPOCHS and ckpt.latest_checkpoint(run).name == f"step_{step}"
+    proc = start(run)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert_same_run(run, uninterrupted)
