@@ -319,7 +319,9 @@ class TrainConfig:
 @dataclass
 class RunConfig:
     output_dir: str = _help("run directory ('': a fresh runs/<timestamp>)", default="")
-    seed: int = _help("base random seed (per process: seed + rank)", default=0)
+    seed: int = _help("base random seed: prompt groups, noise and minibatch order are drawn "
+                           "from (seed, epoch, global index), the same on any number of "
+                           "processes", default=0)
     epochs: int = _help("training epochs (one rollout batch + its updates each)", default=40)
     eval_every: int = _help("epochs between evals (0: only at start and end)", default=5)
     save_every: int = _help("epochs between checkpoints (0: only at the end)", default=10)

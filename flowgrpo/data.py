@@ -83,7 +83,8 @@ def sample_groups(
 
     Returns:
         prompts ``[G*K]``, metadata ``[G*K]`` (copies, with ``"group"`` set), group ids ``[G*K]``
-        (local, 0..G-1; the trainer offsets them per process).
+        (0..G-1; the trainer draws the groups of all processes at once and each takes its
+        share, so the ids are global).
     """
     order = torch.cat([
         torch.randperm(len(prompts), generator=generator)

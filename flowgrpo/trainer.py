@@ -73,8 +73,8 @@ class Trainer:
         if checkpoint is not None:
             run_dir = checkpoint.parent.parent
             state = ckpt.read_json(checkpoint / "state.json")
-            changed = resume_lib.check_config(state["config"], int(state.get("world_size", 1)),
-                                              cfg, self.world)
+            saved_world = int(state.get("world_size", 1))
+            changed = resume_lib.check_config(state["config"], saved_world, cfg, self.world)
         else:
             run_dir = Path(cfg.run.output_dir) if cfg.run.output_dir else new_run_dir()
         self.run_dir = Path(broadcast_object_list([str(run_dir)])[0])
@@ -139,8 +139,11 @@ class Trainer:
                 dropped = resume_lib.truncate_metrics(self.run_dir, self.start_epoch)
                 resume_lib.record(self.run_dir, checkpoint, self.start_epoch, self.world,
                                   changed, dropped)
+                notes = [f"changed: {', '.join(changed)}"] if changed else []
+                if saved_world != self.world:
+                    notes.append(f"written by {saved_world} processes; the global batch is kept")
                 print(f"flowgrpo: resuming from {checkpoint} at step {self.start_epoch}"
-                      + (f" (changed: {', '.join(changed)})" if changed else ""), flush=True)
+                      + (f" ({'; '.join(notes)})" if notes else ""), flush=True)
         self.acc.wait_for_everyone()
         self.tracker = Tracker(
             self.run_dir, main, cfg.run.tensorboard,

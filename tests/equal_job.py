@@ -1,5 +1,6 @@
 """One run of the toy job that records what every epoch computed, for the 1-process versus
-2-process test: ``python equal_job.py OUT BATCH`` alone, or under ``accelerate launch``.
+2-process test: ``python equal_job.py OUT BATCH [EPOCHS [resume]]`` alone, or under
+``accelerate launch``.
 
 Rank 0 writes ``OUT/record.safetensors``: per epoch the gathered initial noise, final latents,
 rewards and advantages (global order), and the trainable weights after the run.
@@ -15,12 +16,12 @@ from flowgrpo.model import unwrap
 from flowgrpo.trainer import Trainer
 
 
-def main(out: str, batch: int) -> None:
+def main(out: str, batch: int, epochs: int = 2, resume: bool = False) -> None:
     cfg = load_config(None, [f"run.output_dir={out}", f"train.batch_size={batch}",
-                             "train.group_size=4", "run.epochs=2", "run.eval_every=0",
+                             "train.group_size=4", f"run.epochs={epochs}", "run.eval_every=0",
                              "run.save_every=0", "run.tensorboard=false", "run.progress=false",
                              "data.eval_images_per_prompt=1", "sampler.num_steps=6"])
-    t = Trainer(cfg)
+    t = Trainer(cfg, resume="auto" if resume else None)
     record: dict[str, torch.Tensor] = {}
     sample, advantages = t.sample, t.advantages
 
@@ -47,4 +48,5 @@ def main(out: str, batch: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), *(int(a) for a in sys.argv[3:4]),
+         *(a == "resume" for a in sys.argv[4:5]))

@@ -108,6 +108,26 @@ def test_the_saved_config_is_the_base_of_a_resume(finished, tmp_path, capsys):
                        "now; a resumed run keeps its meaning (start a new run to change it)")
 
 
+def snapshot(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("bad", ["train.lr=.inf", "train.adam_beta1=2", "model.path=/nope",
+                                 "train.loss_params.bogus=1", "data.prompts=/nope.txt"])
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_bad_input_into_a_run_loses_nothing(finished, capsys, bad, resume):
+    run = finished[0]
+    before = snapshot(run)
+    args = ["--resume", str(run)] if resume else ["--set", f"run.output_dir={run}"]
+    code = main(["train", *args, "--set", bad])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("flowgrpo")]
+    assert code != 0 and len(err) == 1, err
+    # the bad key is named, or (a fresh run into this folder) the folder is refused first
+    assert bad.split("=")[0].split(".")[1] in err[0] or "already holds a run" in err[0], err
+    assert snapshot(run) == before  # no checkpoint, metrics row or config changed
+
+
 def test_a_resume_on_another_world_size_must_keep_the_global_batch():
     saved = to_dict(load_config(None, ["train.batch_size=8", "train.group_size=4"]))
     same = load_config(None, ["train.batch_size=16", "train.group_size=4"])
