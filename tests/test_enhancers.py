@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
+from http_stub import StubHandler, serving
 
 from flowgrpo import enhancers
 from flowgrpo.registry import UnknownNameError
@@ -174,7 +174,7 @@ def test_check_views_wrong_number_of_prompts():
 # --- remote ---------------------------------------------------------------------------------
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(StubHandler):
     """Answers like an LLM enhancer would; ``server.fail_first`` 503s to exercise the retry."""
 
     def do_POST(self):  # noqa: N802 - the name http.server dispatches to
@@ -183,41 +183,22 @@ class _Handler(BaseHTTPRequestHandler):
         server.requests.append((body, self.headers.get("Authorization")))
         if server.fail_first > 0:
             server.fail_first -= 1
-            self._send(503, {"error": "warming up"})
+            self.send(503, {"error": "warming up"})
         elif body["prompts"] == ["bad"]:
-            self._send(200, {"views": [["only one"]]})
+            self.send(200, {"views": [["only one"]]})
         elif body["prompts"] == ["refuse"]:
-            self._send(400, {"error": "prompt too long"})
+            self.send(400, {"error": "prompt too long"})
         else:
             n, seed = body["num_views"], body["seed"]
-            self._send(
+            self.send(
                 200, {"views": [[f"{p} v{k} s{seed}" for k in range(n)] for p in body["prompts"]]}
             )
-
-    def _send(self, code: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):  # keep pytest output clean
-        pass
 
 
 @pytest.fixture
 def server() -> Iterator[ThreadingHTTPServer]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    httpd.requests, httpd.fail_first = [], 0
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
-    try:
+    with serving(_Handler, requests=[], fail_first=0) as httpd:
         yield httpd
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
 
 
 def _url(httpd: ThreadingHTTPServer) -> str:

@@ -11,10 +11,11 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 import torch
+from http_stub import StubHandler, serving
 
 import reward_models
 from reward_models import Media, RewardFault, RewardOutput
@@ -195,7 +196,7 @@ def test_async_reward_matches_sync_and_copies_inputs():
 # --- failures of the remote reward, against a misbehaving server -------------------------------
 
 
-class _Misbehaving(BaseHTTPRequestHandler):
+class _Misbehaving(StubHandler):
     """A reward server that answers ``server.health`` to GET /health and ``server.mode`` to POST
     /score; ``server.busy`` 503s come first. "hang" waits until the test ends."""
 
@@ -203,9 +204,9 @@ class _Misbehaving(BaseHTTPRequestHandler):
         if self.server.health == "hang":
             self.server.release.wait(10)
         elif self.server.health == "missing":
-            self._send(404, b'{"error": "no /health here"}')
+            self.send(404, b'{"error": "no /health here"}')
         else:
-            self._send(200, b'{"status": "ok", "groupwise": false, "max_batch": 64}')
+            self.send(200, b'{"status": "ok", "groupwise": false, "max_batch": 64}')
 
     def do_POST(self):  # noqa: N802
         server = self.server
@@ -214,50 +215,30 @@ class _Misbehaving(BaseHTTPRequestHandler):
         n, mode = len(body["prompts"]), server.mode
         if server.busy > 0:
             server.busy -= 1
-            self._send(503, b'{"error": "warming up"}')
+            self.send(503, b'{"error": "warming up"}')
         elif mode == "hang":
             server.release.wait(10)
         elif mode == "boom":
-            self._send(500, b"boom", "text/plain")
+            self.send(500, b"boom", "text/plain")
         elif mode == "long":
-            self._send(500, ("line one\nline two " + "x" * 500).encode(), "text/plain")
+            self.send(500, ("line one\nline two " + "x" * 500).encode(), "text/plain")
         elif mode == "garbage":
-            self._send(200, b"<html>garbage</html>", "text/html")
+            self.send(200, b"<html>garbage</html>", "text/html")
         elif mode == "no scores":
-            self._send(200, b'{"score": [1, 2]}')
+            self.send(200, b'{"score": [1, 2]}')
         elif mode == "short":
-            self._send(200, json.dumps({"scores": [0.5] * (n - 1)}).encode())
+            self.send(200, json.dumps({"scores": [0.5] * (n - 1)}).encode())
         elif mode == "nan":
-            self._send(200, json.dumps({"scores": [float("nan")] + [0.5] * (n - 1)}).encode())
+            self.send(200, json.dumps({"scores": [float("nan")] + [0.5] * (n - 1)}).encode())
         else:
-            self._send(200, json.dumps({"scores": [0.5] * n}).encode())
-
-    def _send(self, code: int, data: bytes, kind: str = "application/json") -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):  # keep pytest output clean
-        pass
+            self.send(200, json.dumps({"scores": [0.5] * n}).encode())
 
 
 @pytest.fixture
 def bad_server() -> Iterator[ThreadingHTTPServer]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Misbehaving)
-    httpd.daemon_threads = True
-    httpd.health, httpd.mode, httpd.busy, httpd.posts = "ok", "ok", 0, 0
-    httpd.release = threading.Event()
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
-    try:
+    with serving(_Misbehaving, lambda httpd: httpd.release.set(), health="ok", mode="ok",
+                 busy=0, posts=0, release=threading.Event()) as httpd:
         yield httpd
-    finally:
-        httpd.release.set()
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
 
 
 def _base(httpd: ThreadingHTTPServer) -> str:
