@@ -128,6 +128,7 @@ class Trainer:
         if checkpoint is not None:
             self.load(checkpoint)
         self.stop_signal = 0
+        self.last_saved = self.start_epoch  # the newest checkpoint of this run, by step
         if main:  # the run folder: nothing of an earlier run is lost or duplicated
             self.run_dir.mkdir(parents=True, exist_ok=True)
             for leftover in ckpt.remove_leftovers(self.run_dir):
@@ -333,9 +334,9 @@ class Trainer:
                             sums[key] = sums.get(key, 0.0) + float(value) * len(idx)
                         count += len(idx)
                 if boundary:
-                    norm = self.step_optimizer()
-                    skipped += norm is None
-                    if norm is not None and cfg.max_grad_norm:
+                    taken, norm = self.step_optimizer()
+                    skipped += not taken
+                    if norm is not None:
                         norms.append(norm)
         self.objective.after_update()
         totals = self.total({**sums, "_count": count})
@@ -348,17 +349,19 @@ class Trainer:
             out["train/nonfinite_steps"] = float(skipped)
         return out
 
-    def step_optimizer(self) -> float | None:
+    def step_optimizer(self) -> tuple[bool, float | None]:
         """Clip and take an optimizer step, unless the gradient is not finite: then skip it and
-        count it; ``run.max_nonfinite_steps`` skipped in a row stop the run. Returns the
-        gradient norm of a step taken, None for a skipped one."""
+        count it; ``run.max_nonfinite_steps`` skipped in a row stop the run. Returns whether the
+        step was taken and its gradient norm when one is reported (``train.max_grad_norm`` > 0).
+        """
         cfg = self.cfg.train
         if cfg.max_grad_norm:
             norm = self.acc.clip_grad_norm_(self.params, cfg.max_grad_norm)
-        else:
+        else:  # measured only to find a non-finite gradient, not reported
             grads = [p.grad.detach().norm() for p in self.params if p.grad is not None]
             norm = torch.stack(grads).norm() if grads else torch.zeros(())
-        finite = bool(torch.isfinite(torch.as_tensor(norm)))
+        # DeepSpeed clips inside its engine and may not report a norm
+        finite = norm is None or bool(torch.isfinite(torch.as_tensor(norm)))
         if finite:
             self.optimizer.step()
             if self.ema is not None:
@@ -370,8 +373,11 @@ class Trainer:
         limit = self.cfg.run.max_nonfinite_steps
         if self.nonfinite_run >= limit:
             raise RunError(f"{limit} optimizer steps in a row had a non-finite loss or gradient "
-                           f"(run.max_nonfinite_steps); the weights were not changed by them")
-        return float(norm) if finite else None
+                           f"(run.max_nonfinite_steps) and were skipped; the last checkpoint is "
+                           f"step_{self.last_saved}: continue from it with --resume auto once "
+                           f"the cause is fixed (e.g. a lower train.lr)")
+        return finite, (float(norm) if finite and norm is not None and cfg.max_grad_norm
+                        else None)
 
     def prune(self, batch: RolloutBatch, keep: torch.Tensor, epoch: int) -> tuple[torch.Tensor,
                                                                                  dict]:
@@ -428,7 +434,6 @@ class Trainer:
         cfg = self.cfg.run
         started = time.time()
         base_eval = None
-        self.last_saved = self.start_epoch
         previous = self.catch_signals()
         try:
             if self.start_epoch == 0:
