@@ -1,10 +1,11 @@
 """The ``flowgrpo`` command.
 
     flowgrpo train [CONFIG] [--set key=value ...] [--resume auto|PATH] [--overwrite]
+    flowgrpo ablate [CONFIG] --grid KEY=V1,V2 [--grid ...] [--seeds N] [--parallel P] ...
     flowgrpo config [CONFIG] [--set ...] [--help-fields]
     flowgrpo sample [CONFIG] [--run RUN_DIR] [--prompt TEXT ...] [--sampler NAME] ...
     flowgrpo eval [CONFIG] [--run RUN_DIR] [--set ...]
-    flowgrpo report RUN_DIR
+    flowgrpo report RUN [RUN ...] [--out PATH]
     flowgrpo serve-reward --reward NAME [--params JSON] [--host 127.0.0.1] [--port 8000]
     flowgrpo list
 
@@ -43,6 +44,21 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config, resume = train_config(args.config, args.overrides, args.resume)
     Trainer(config, resume=resume, overwrite=args.overwrite).train()
+    return 0
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from .ablate import ablate, describe_presets
+
+    if args.list_presets:
+        print(describe_presets(args.presets))
+        return 0
+    folder = ablate(args.config, args.grid, args.overrides, seeds=args.seeds,
+                    parallel=args.parallel, target=args.target, out=args.out,
+                    presets=args.presets)
+    print((folder / "ablation.md").read_text(), end="")
+    print(f"results: {folder}/ablation.csv, ablation.md, eval_vs_step.png, eval_vs_calls.png, "
+          f"eval_vs_time.png")
     return 0
 
 
@@ -98,9 +114,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import report
+    from .report import report_runs
 
-    print(report(args.run_dir))
+    print(report_runs(args.runs, args.out))
     return 0
 
 
@@ -124,6 +140,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start afresh in a run folder that holds a run, deleting it")
     p.set_defaults(func=cmd_train)
 
+    p = sub.add_parser("ablate", help="run a grid of configs and seeds; a table and plots")
+    _config_args(p)
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="an axis of the grid (repeatable); KEY is a config key or 'method' "
+                   "(named presets)")
+    p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 per cell (default 1)")
+    p.add_argument("--parallel", type=int, default=1, help="runs side by side (default 1)")
+    p.add_argument("--target", type=float, default=None,
+                   help="eval reward whose first reach is reported in calls and seconds")
+    p.add_argument("--out", default=None, help="ablation folder (default: runs/ablations/"
+                   "<config>-<hash of the command>, so re-running the command resumes it)")
+    p.add_argument("--presets", default=None,
+                   help="presets YAML for the 'method' axis (default configs/presets/methods.yaml)")
+    p.add_argument("--list-presets", action="store_true", help="print the presets and exit")
+    p.set_defaults(func=cmd_ablate)
+
     p = sub.add_parser("config", help="print the resolved config")
     _config_args(p)
     p.add_argument("--help-fields", action="store_true", help="list every key with its help")
@@ -146,8 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", default=None, help="run or checkpoint folder (default: base model)")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("report", help="plot reward and KL of a run and summarize it")
-    p.add_argument("run_dir")
+    p = sub.add_parser("report", help="plot and summarize a run (and its eval media), or "
+                       "compare several runs or the runs of an ablation folder")
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="run folder(s), or an ablation folder (its subfolders holding "
+                   "metrics.jsonl, up to 2 levels down)")
+    p.add_argument("--out", default=None, metavar="PATH",
+                   help="the plot to write (default: RUN/report.png for one run, "
+                   "ABLATION/report.png for an ablation folder, else ./report.png)")
     p.set_defaults(func=cmd_report)
 
     sub.add_parser("serve-reward", help="serve a reward over HTTP (see serve-reward --help)",
@@ -179,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # e.g. `flowgrpo list | head`: the reader has what it wanted
+        sys.stderr.close()
+        return 0
     except Exception as err:
         if debug:
             raise

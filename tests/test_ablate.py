@@ -1,0 +1,106 @@
+"""``flowgrpo ablate``: a grid of runs, resumable, with a table and plots; presets as one axis."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import pytest
+import yaml
+
+from flowgrpo import ablate as ablate_lib
+from flowgrpo.cli import main
+from flowgrpo.config import ConfigError
+from flowgrpo.tracking import read_metrics
+
+TINY = ["train.batch_size=8", "train.group_size=4", "sampler.num_steps=4", "run.epochs=2",
+        "run.eval_every=1", "run.save_every=1", "data.eval_images_per_prompt=1",
+        "run.tensorboard=false", "run.progress=false"]
+
+
+def test_values_split_outside_brackets_and_quotes():
+    assert ablate_lib.split_values("1e-4, {size: 2, strategy: random},[1, 2],'a,b'") == [
+        "1e-4", "{size: 2, strategy: random}", "[1, 2]", "'a,b'"]
+    assert ablate_lib.parse_grid(["train.step_selection_params={size: 2},{size: 3}"]) == {
+        "train.step_selection_params": [{"size": 2}, {"size": 3}]}
+
+
+def test_a_preset_expands_to_its_overrides(tmp_path):
+    cells = ablate_lib.plan(None, {"method": ["nft", "flow_grpo"]}, TINY, 2, tmp_path,
+                            ablate_lib.load_presets())
+    assert [(c.name, c.seed) for c in cells] == [("method=nft", 0), ("method=nft", 1),
+                                                 ("method=flow_grpo", 0), ("method=flow_grpo", 1)]
+    nft = yaml.safe_load(cells[1].config_file.read_text())
+    assert nft["train"]["objective"] == "nft" and nft["sampler"]["name"] == "ode"
+    assert nft["sampler"]["params"] == {} and nft["run"]["seed"] == 1
+    assert nft["train"]["batch_size"] == 8  # --set values stay under the preset
+    assert nft["run"]["output_dir"] == str(tmp_path / "method=nft" / "s1")
+    base = yaml.safe_load(cells[2].config_file.read_text())
+    assert base["train"]["objective"] == "ratio" and base["sampler"]["name"] == "sde"
+
+
+def test_every_shipped_preset_is_a_valid_config(tmp_path):
+    presets = ablate_lib.load_presets()
+    cells = ablate_lib.plan(None, {"method": list(presets)}, TINY, 1, tmp_path, presets)
+    assert len(cells) == len(presets) >= 20
+
+
+@pytest.mark.parametrize("grid,message", [
+    (["method=flow_grpo,nope"], "--grid method: unknown preset 'nope'; valid: flow_grpo, "),
+    (["train.lrr=1,2"], "cell train.lrr=1: unknown key train.lrr (did you mean train.lr?)"),
+    (["train.lr=1e-4,-1"], "cell train.lr=-1: train.lr: invalid value -1.0"),
+    (["train.lr"], "--grid 'train.lr' must look like KEY=V1,V2,..."),
+])
+def test_a_bad_grid_fails_at_once_with_the_valid_names(tmp_path, capsys, grid, message):
+    args = ["ablate", "--out", str(tmp_path / "abl")]
+    for item in grid:
+        args += ["--grid", item]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not list(tmp_path.glob("abl/*/s0"))  # nothing ran
+
+
+@pytest.mark.slow
+def test_ablate_runs_the_grid_skips_finished_cells_and_resumes_a_killed_one(tmp_path):
+    out = tmp_path / "abl"
+    args = ["ablate", "--grid", "method=flow_grpo,flash", "--seeds", "1", "--target", "0.3",
+            "--out", str(out), *[a for s in TINY for a in ("--set", s)]]
+    assert main(args) == 0
+    with open(out / "ablation.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["cell"] for r in rows] == ["method=flow_grpo", "method=flash"]
+    assert all(r["done"] == "True" and float(r["calls_grad"]) > 0 for r in rows)
+    # flash trains one step per sample: fewer training calls than the full trajectory
+    assert float(rows[1]["calls_grad"]) < float(rows[0]["calls_grad"])
+    table = (out / "ablation.md").read_text()
+    assert "| method=flow_grpo | 1/1 |" in table and "| method=flash | 1/1 |" in table
+    for name in ("eval_vs_step.png", "eval_vs_calls.png", "eval_vs_time.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a re-run skips the finished cells
+    assert main(args) == 0
+    for cell in ("method=flow_grpo", "method=flash"):
+        attempts = (out / cell / "s0" / "attempts.jsonl").read_text().splitlines()
+        assert len(attempts) == 1
+    # a cell killed after its first checkpoint resumes from it
+    flash = out / "method=flash" / "s0"
+    final = read_metrics(flash)
+    (flash / "done.json").unlink()
+    shutil.rmtree(flash / "checkpoints" / "step_2")
+    assert main(args) == 0
+    attempts = [json.loads(a) for a in (flash / "attempts.jsonl").read_text().splitlines()]
+    assert [a["resumed"] for a in attempts] == [False, True]
+    assert "resuming from" in (out / "method=flash" / "s0.log").read_text()
+    resumed = read_metrics(flash)
+    assert [r["step"] for r in resumed] == [0, 1, 2]
+    strip = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in resumed]
+    assert strip == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in final]
+
+
+def test_a_config_error_in_a_preset_file_names_the_preset(tmp_path):
+    presets = tmp_path / "p.yaml"
+    presets.write_text("broken: {train.loss: sapo, train.loss_params: {bogus: 1}}\n")
+    with pytest.raises(ConfigError, match="cell method=broken: train.loss_params: .*bogus"):
+        ablate_lib.plan(None, {"method": ["broken"]}, TINY, 1, tmp_path,
+                        ablate_lib.load_presets(presets))
