@@ -105,8 +105,8 @@ class Evaluator:
         if acc.num_processes > 1:
             sums = acc.reduce(sums, reduction="sum")
         metrics = {f"eval/{k}": (sums[i] / sums[-1]).item() for i, k in enumerate(parts)}
-        if self.tracker is not None:
+        if self.tracker is not None:  # labeled: each row's prompt, each sample's reward
             self.tracker.save_media(step, "eval", media, self.adapter.modality,
-                                    self.adapter.sample_rate,
-                                    nrow=cfg.data.eval_images_per_prompt)
+                                    self.adapter.sample_rate, nrow=per_prompt, prompts=prompts,
+                                    scores=out.scores)
         return metrics
