@@ -46,6 +46,8 @@ from typing import Any
 
 import torch
 
+from flowgrpo.calls import _rows  # rows counted exactly as calls/* counts them
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _iteration import (  # noqa: E402
     OtherLoad,
@@ -168,16 +170,6 @@ class Call:
 
 def _detached_copy(value: Any) -> Any:
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
-
-
-def _rows(args: tuple, kwargs: dict) -> int:
-    """Rows of a transformer call, counted as ``flowgrpo.calls`` counts them (dim 0 of
-    ``hidden_states`` or of the first tensor argument)."""
-    first = kwargs.get("hidden_states")
-    if not isinstance(first, torch.Tensor):
-        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-        first = tensors[0] if tensors else None
-    return int(first.shape[0]) if first is not None and first.ndim else 0
 
 
 class TransformerProbe:
