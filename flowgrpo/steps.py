@@ -74,8 +74,9 @@ class WindowSteps(StepSelection):
 
     Params are the window's: ``size``, ``stride``, ``shift_every``, ``strategy`` (``progressive``,
     ``random``, ``fixed``, ``decay``, ``exp_decay``), ``start`` and the decay parameters. The
-    window is placed on the whole schedule (the last step excluded), whatever the sampler calls
-    trainable.
+    window slides over the steps up to the last one the sampler calls trainable (``exclude_last``
+    has already dropped the final step, which no sampler trains): a sampler that declines the
+    steps into tiny noise levels (``cps``, ``langevin``) never has them trained by a window.
     """
 
     def __init__(self, seed: int = 0, **window: Any) -> None:
@@ -84,7 +85,12 @@ class WindowSteps(StepSelection):
         self.window = samplers.Window(**window, seed=self.seed)
 
     def select(self, sigmas, groups, iteration, sampler):
-        return _shared(self.window.steps(len(sigmas) - 1, iteration), len(groups))
+        trainable = trainable_steps(sampler, sigmas)
+        if not trainable:
+            raise ValueError("window needs a stochastic sampler with trainable steps")
+        # the window's schedule ends at the last trainable step (plus the excluded last one)
+        num = trainable[-1] + (2 if self.window.exclude_last else 1)
+        return _shared(self.window.steps(num, iteration), len(groups))
 
 
 @STEP_SELECTIONS.register("flash")

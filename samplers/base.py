@@ -129,8 +129,8 @@ class Sampler:
 
     def trainable(self, sigma: float, sigma_next: float) -> bool:
         """Whether the step ``sigma -> sigma_next`` is stochastic and well conditioned enough to
-        train by its ratio (the trainer's default trained steps skip the others; explicit windows
-        do not). A deterministic sampler has no trainable step."""
+        train by its ratio (step selections skip the others: every one, and a window ends at the
+        last trainable step). A deterministic sampler has no trainable step."""
         return self.is_stochastic and sigma_next > 0.0
 
     def transition(

@@ -340,3 +340,20 @@ def test_langevin_model_call_beats_euler_in_w2(steps):
     langevin = samplers.get("langevin", velocity="model")
     w2_langevin = w2_to_marginal(_final(langevin, FLOW, sigmas, x1, noises), FLOW)
     assert w2_langevin < 0.7 * w2_ode, (w2_langevin, w2_ode)
+
+
+def test_langevin_does_not_train_steps_into_tiny_noise_levels():
+    """Into s' = 1e-3 (diffusers' last nonzero sigma) the corrector's delta / s'^2 is in the
+    thousands; such steps are left out of training, like cps's."""
+    from flowgrpo.steps import trainable_steps
+
+    sigmas = torch.tensor([1.0, 0.889, 0.778, 0.667, 0.556, 0.445, 0.334, 0.223, 0.112, 0.001, 0.0])
+    lang = samplers.get("langevin")
+    assert trainable_steps(lang, sigmas) == list(range(8))
+    assert trainable_steps(samplers.get("langevin", min_train_sigma=0.0), sigmas) == list(range(9))
+    v, x = _step_tensors()
+    tr = lang.transition(v, x, 0.112, 0.001)
+    delta = float(tr.std.flatten()[0]) ** 2 / 2
+    assert delta / 0.001**2 > 1000  # why: the step would be a wild gradient step
+    with pytest.raises(ValueError, match="min_train_sigma"):
+        samplers.get("langevin", min_train_sigma=1.0)

@@ -171,3 +171,25 @@ def test_decay_config_round_trip():
                     decay_threshold=5, decay_rate=0.3)
     assert Window(**window.config()).config() == window.config()
     assert "decay_rate=0.3" in repr(window)
+
+
+@pytest.mark.parametrize("name", ["cps", "langevin", "sde"])
+def test_a_window_never_trains_a_step_its_sampler_declines(name):
+    """The window slides over the steps up to the last trainable one: with cps and langevin the
+    step into diffusers' last nonzero sigma is never trained; sde trains it."""
+    import torch
+
+    import samplers
+    from flowgrpo.steps import STEP_SELECTIONS, trainable_steps
+
+    sigmas = torch.tensor([1.0, 0.889, 0.778, 0.667, 0.556, 0.445, 0.334, 0.223, 0.112, 0.001, 0.0])
+    sampler = samplers.get(name)
+    allowed = set(trainable_steps(sampler, sigmas))
+    window = STEP_SELECTIONS.get("window")(size=3)
+    seen = set()
+    for it in range(20):
+        steps = window.select(sigmas, torch.zeros(2, dtype=torch.long), it, sampler)
+        assert steps.shape == (2, 3)
+        seen |= set(steps[0].tolist())
+    assert seen == allowed
+    assert (8 in seen) == (name == "sde")
