@@ -12,7 +12,7 @@ import inspect
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +38,23 @@ class Cond:
     """
 
     tensors: dict[str, torch.Tensor]
+    _last: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return next(iter(self.tensors.values())).shape[0]
 
     def index(self, idx: torch.Tensor | list[int] | slice) -> Cond:
-        """The sub-batch ``idx``."""
-        return Cond({k: v[idx] for k, v in self.tensors.items()})
+        """The sub-batch ``idx``.
+
+        The last tensor ``idx`` and its result are remembered: training replays every trained
+        step of a minibatch with the same index tensor, and re-gathering the encodings each time
+        cost 10 ms per iteration on the tiny SD3 (``benchmarks/overhead.py``)."""
+        if self._last is not None and self._last[0] is idx:
+            return self._last[1]
+        out = Cond({k: v[idx] for k, v in self.tensors.items()})
+        if isinstance(idx, torch.Tensor):
+            self._last = (idx, out)
+        return out
 
     def to(self, device: torch.device | str) -> Cond:
         return Cond({k: v.to(device) for k, v in self.tensors.items()})

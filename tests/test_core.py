@@ -213,3 +213,16 @@ def test_libraries_import_only_the_registry_and_errors_from_flowgrpo():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "['flowgrpo', 'flowgrpo.errors', 'flowgrpo.registry']"
+
+
+def test_cond_index_reuses_the_last_sub_batch_only_for_the_same_index_tensor():
+    from pipelines import Cond
+
+    cond = Cond({"a": torch.arange(10.0), "b": torch.arange(20.0).reshape(10, 2)})
+    idx = torch.tensor([3, 1, 7])
+    first = cond.index(idx)
+    assert cond.index(idx) is first  # replaying another step of the same minibatch
+    assert torch.equal(first.tensors["b"], torch.tensor([[6.0, 7.0], [2.0, 3.0], [14.0, 15.0]]))
+    other = cond.index(torch.tensor([3, 1, 7]))  # equal values, another tensor: gathered anew
+    assert other is not first and torch.equal(other.tensors["a"], first.tensors["a"])
+    assert torch.equal(cond.index([0, 9]).tensors["a"], torch.tensor([0.0, 9.0]))

@@ -46,7 +46,8 @@ def test_ratio_is_one_before_any_update(tiny_sd3_dir, tmp_path, brightness_rewar
                     sampler={"name": sampler, "params": params}, model={"guidance": 3.0})
     batch = t.sample(0)
     idx = torch.arange(len(batch.groups))
-    assert batch.traj.num_trained == (2 if sampler == "cps" else 3)  # cps skips s' < 0.02
+    # cps and langevin skip the step into s' < 0.02
+    assert batch.traj.num_trained == (2 if sampler in ("cps", "langevin") else 3)
     for j in range(batch.traj.num_trained):
         logp = replay_step(t.adapter, t.sampler, batch.traj, idx, j, 3.0).log_prob
         ratio = torch.exp(logp - batch.traj.log_probs[:, j])
@@ -176,3 +177,29 @@ def test_an_epoch_with_only_equal_rewards_trains_nothing_and_logs(tiny_sd3_dir, 
         REWARDS._items.pop("constant_test")
     row = read_metrics(tmp_path)[-1]
     assert row["rollout/zero_std_frac"] == 1.0 and row["train/samples"] == 0
+
+
+def test_reference_switches_the_lora_off_exactly_as_diffusers_does(tiny_sd3_dir, tmp_path,
+                                                                   brightness_reward):
+    """``reference()`` toggles cached LoRA layers: inside, the output is the base model's (what
+    diffusers' ``disable_adapters`` gives); after, the LoRA is active and trainable again."""
+    from flowgrpo.model import lora_layers, reference, unwrap
+
+    t = trainer_for(tiny_sd3_dir, tmp_path, brightness_reward, model={"guidance": 3.0})
+    model = unwrap(t.adapter.transformer)
+    for p in t.params:  # a LoRA that changes the output
+        p.data.add_(0.05 * torch.randn_like(p))
+    cond = t.encode(["a red square", "a blue circle"])
+    x = t.adapter.noise(2, torch.Generator().manual_seed(0))
+    sigma = torch.full((2,), 0.6)
+    with torch.no_grad():
+        with reference(t.adapter):
+            ref = t.adapter.velocity(x, sigma, cond, 3.0)
+        tuned = t.adapter.velocity(x, sigma, cond, 3.0)
+        model.disable_adapters()
+        base = t.adapter.velocity(x, sigma, cond, 3.0)
+        model.enable_adapters()
+        again = t.adapter.velocity(x, sigma, cond, 3.0)
+    assert torch.equal(ref, base) and torch.equal(tuned, again)
+    assert not torch.allclose(ref, tuned)
+    assert lora_layers(model) and all(p.requires_grad for p in t.params)
