@@ -20,6 +20,10 @@ class ConfigError(FlowgrpoError, ValueError):
     exit_code = 2
 
 
+# torch.compile modes of model.compile ('' leaves the model eager)
+COMPILE_MODES = ("", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 def _help(text: str, **kw: Any) -> Any:
     """A dataclass field with help text (shown by ``flowgrpo config --help-fields``)."""
     if "default_factory" in kw:
@@ -87,6 +91,9 @@ class ModelConfig:
                                    default=False)
     cache_prompt_embeds: bool = _help("keep prompt encodings across epochs (encode each prompt "
                                       "once per run)", default=True)
+    compile: str = _help("torch.compile the transformer's forward: '' (off), default, "
+                         "reduce-overhead, max-autotune or max-autotune-no-cudagraphs",
+                         default="")
 
     def validate(self) -> None:
         import pipelines
@@ -94,6 +101,7 @@ class ModelConfig:
         _choice("model.family", self.family, pipelines.names())
         _choice("model.dtype", self.dtype, DTYPES)
         _choice("model.mixed_precision", self.mixed_precision, ("fp32", "bf16", "fp16"))
+        _choice("model.compile", self.compile, COMPILE_MODES)
         _check(self.height >= 0 and self.width >= 0, "model.height/width", (self.height,
                self.width), "must be >= 0 (0 = native)")
         _check(self.guidance >= 0, "model.guidance", self.guidance, "must be >= 0")
@@ -208,6 +216,8 @@ class TrainConfig:
     weight_decay: float = _help("AdamW weight decay", default=1e-4)
     adam_beta1: float = _help("AdamW beta1", default=0.9)
     adam_beta2: float = _help("AdamW beta2", default=0.999)
+    optimizer_kernel: str = _help("AdamW implementation: auto (fused on CUDA, torch's default "
+                                  "elsewhere), fused or foreach", default="auto")
     max_grad_norm: float = _help("gradient-norm clip (0: off)", default=1.0)
     loss: str = _help("policy loss (losses registry): clip, sapo, stable, guard, gate, mhpo, "
                       "mu_grpo", default="clip")
@@ -278,6 +288,7 @@ class TrainConfig:
                    "must be in [0, 1)")
         _check(self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "must be >= 0")
         _choice("train.loss", self.loss, losses.LOSSES.names())
+        _choice("train.optimizer_kernel", self.optimizer_kernel, ("auto", "fused", "foreach"))
         _choice("train.advantage", self.advantage, advantages.ADVANTAGES.names())
         _check(self.beta >= 0, "train.beta", self.beta, "must be >= 0")
         _check(self.adv_clip >= 0, "train.adv_clip", self.adv_clip, "must be >= 0 (0: off)")

@@ -210,6 +210,16 @@ def make_trainable(cfg: ModelConfig, adapter: FlowAdapter) -> list[torch.nn.Para
     return params
 
 
+def compile_forward(module: torch.nn.Module, mode: str) -> None:
+    """``torch.compile`` the forward of ``module`` (the model inside any wrapper) in place.
+
+    Only ``forward`` is compiled, so the module's hooks (the call counter) still run eagerly
+    around it, and wrappers (DDP, FSDP) and ``unwrap`` see the same module as before. The LoRA
+    switch of a reference call and grad / no-grad each get their own graph on first use."""
+    inner = unwrap(module)
+    inner.forward = torch.compile(inner.forward, mode=mode)
+
+
 def unwrap(module: torch.nn.Module) -> torch.nn.Module:
     """The module inside a DDP/compile wrapper."""
     while hasattr(module, "module"):

@@ -203,3 +203,52 @@ def test_reference_switches_the_lora_off_exactly_as_diffusers_does(tiny_sd3_dir,
     assert torch.equal(ref, base) and torch.equal(tuned, again)
     assert not torch.allclose(ref, tuned)
     assert lora_layers(model) and all(p.requires_grad for p in t.params)
+
+
+def test_compiled_transformer_trains_like_the_eager_one(tiny_sd3_dir, tmp_path, brightness_reward,
+                                                        monkeypatch):
+    """``model.compile`` compiles the transformer's forward through TorchDynamo (here with its
+    eager backend, so the test does not wait for a C++ build): the hooks still count every call,
+    the ratio is 1 before the update and the metrics equal the eager run's."""
+    from flowgrpo.model import unwrap
+    from flowgrpo.tracking import read_metrics
+
+    compiled = []
+    real = torch.compile
+
+    def eager_backend(fn, mode=None):
+        compiled.append(mode)
+        return real(fn, backend="eager")
+
+    rows = []
+    for mode in ("", "default"):
+        out = tmp_path / (mode or "eager")
+        if mode:
+            monkeypatch.setattr(torch, "compile", eager_backend)
+        t = trainer_for(tiny_sd3_dir, out, brightness_reward, run={"epochs": 2, "save_every": 0},
+                        model={"compile": mode})
+        forward = unwrap(t.adapter.transformer).forward
+        assert hasattr(forward, "_torchdynamo_orig_callable") == bool(mode)
+        t.train()
+        rows.append([{k: v for k, v in r.items() if not k.startswith("time/")}
+                     for r in read_metrics(out)])
+    assert compiled == ["default"]
+    assert rows[0] == rows[1]
+    assert rows[1][1]["train/ratio_max"] == 1.0 and rows[1][1]["calls/grad"] > 0
+
+
+def test_optimizer_kernel_is_fused_on_cuda_by_default_and_selectable(tiny_sd3_dir, tmp_path,
+                                                                     brightness_reward):
+    from flowgrpo.trainer import optimizer_kernel
+
+    assert optimizer_kernel("auto", torch.device("cpu")) == {}
+    assert optimizer_kernel("auto", torch.device("cuda", 0)) == {"fused": True}
+    t = trainer_for(tiny_sd3_dir, tmp_path, brightness_reward,
+                    train={"optimizer_kernel": "fused"})
+    group = t.optimizer.param_groups[0]
+    assert group["fused"] is True and not group["foreach"]
+    before = [p.detach().clone() for p in t.params]
+    batch = t.sample(0)
+    adv, _ = t.advantages(batch)
+    t.update(batch, adv, 0)
+    assert any(not torch.equal(a, p) for a, p in zip(before, t.params))
