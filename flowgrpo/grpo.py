@@ -64,7 +64,7 @@ def replay_step(
     sampler: samplers.Sampler,
     traj: Trajectory,
     idx: torch.Tensor,
-    j: int,
+    j: int | tuple[int, ...],
     guidance: float,
     kl: Callable[[KLInputs], torch.Tensor] | None = None,
     regions: torch.Tensor | None = None,
@@ -76,14 +76,20 @@ def replay_step(
     Args:
         idx: ``[b]`` sample indices into the trajectory.
         j: position along ``traj.trained``'s second axis; sample ``i`` replays step
-            ``traj.trained[i, j]``.
+            ``traj.trained[i, j]``. A tuple of positions replays them all in one model call on
+            ``len(j) * b`` rows (step by step: the results are ``[len(j) * b, ...]``, the
+            samples of ``j[0]`` first).
         kl: a KL estimator (:mod:`flowgrpo.kl`) against the reference, or None (no reference
             call).
         regions: optional ``[P, ...]`` region maps; then ``log_prob`` is ``[b, P]``.
         cond: the condition to replay under (default: the rollout's, ``traj.cond``); a
             ``[B]``-batch encoding indexed by ``idx`` like the trajectory.
     """
-    k = traj.trained[idx, j].to(traj.latents.device)
+    if isinstance(j, tuple):  # several steps stacked into one call
+        k = torch.cat([traj.trained[idx, i] for i in j]).to(traj.latents.device)
+        idx = idx.repeat(len(j))
+    else:
+        k = traj.trained[idx, j].to(traj.latents.device)
     rows = idx.to(traj.latents.device)
     cond = (traj.cond if cond is None else cond).index(idx)
     x = traj.latents[rows, k].float()

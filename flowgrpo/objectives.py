@@ -14,6 +14,7 @@ over the steps) and per region ``P`` (SpatialFlow-GRPO; 1 without regions).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -123,7 +124,22 @@ class RatioObjective(Objective):
     Old log-probs: the rollout's own when there is one view and no regions; otherwise they are
     recomputed before the first update under each view's condition and region maps, so the
     ratio is exactly 1 before the first update in every case.
+
+    Args:
+        steps_per_call: trained steps replayed together in one transformer call (stacked along
+            the batch: ``steps_per_call * b`` rows), with one backward for them. The loss is the
+            same mean over steps; fewer, larger calls use a GPU better when memory allows. On
+            CPU the stacked call gives the same values row for row (the ratio is 1 before the
+            first update, tested); on GPU kernels that depend on the batch size it may differ in
+            the last bits.
     """
+
+    def __init__(self, policy: Policy, steps_per_call: int = 1) -> None:
+        super().__init__(policy)
+        if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int) \
+                or steps_per_call < 1:
+            raise ValueError(f"steps_per_call must be an integer >= 1, got {steps_per_call!r}")
+        self.steps_per_call = steps_per_call
 
     def prepare(self, batch: RolloutBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, V, J, P]`` old log-probs."""
@@ -131,13 +147,19 @@ class RatioObjective(Objective):
         if len(batch.views) == 1 and batch.regions is None:
             return traj.log_probs[:, None, :, None]
         out = torch.zeros(batch.advantages.shape, device=traj.log_probs.device)
-        for v, j in self.units(batch):
-            fill(out[:, v, j], batch, rows, self.policy.batch_size,
-                 lambda idx, v=v, j=j: self.replay(batch, idx, v, j, kl=None).log_prob)
+        for v in range(len(batch.views)):
+            for j in range(traj.num_trained):
+                fill(out[:, v, j], batch, rows, self.policy.batch_size,
+                     lambda idx, v=v, j=j: self.replay(batch, idx, v, j, kl=None).log_prob)
         return out
 
     def units(self, batch: RolloutBatch) -> list[tuple[int, int]]:
-        return [(v, j) for v in range(len(batch.views)) for j in range(batch.traj.num_trained)]
+        """``(view, step)``; with ``steps_per_call > 1``, ``(view, (steps...))`` in groups."""
+        num, per = batch.traj.num_trained, self.steps_per_call
+        if per == 1:
+            return [(v, j) for v in range(len(batch.views)) for j in range(num)]
+        return [(v, tuple(range(j, min(j + per, num))))
+                for v in range(len(batch.views)) for j in range(0, num, per)]
 
     def replay(self, batch: RolloutBatch, idx: torch.Tensor, v: int, j: int, kl):
         p = self.policy
@@ -146,16 +168,35 @@ class RatioObjective(Objective):
                            cond=batch.views[v])
 
     def loss(self, batch, state, idx, unit):
-        p = self.policy
         v, j = unit
         result = self.replay(batch, idx, v, j, kl=self.kl)
-        logp = result.log_prob.reshape(len(idx), -1)
+        if not isinstance(j, tuple):
+            return self.step_loss(batch, state, idx, v, j, result.log_prob, result.kl)
+        # stacked steps: the trainer weighs each unit 1 / len(units); each step keeps the weight
+        # 1 / (views * steps) it has unstacked, also when the last unit holds fewer steps
+        n, num = len(idx), batch.traj.num_trained
+        share = math.ceil(num / self.steps_per_call) / num
+        parts = [self.step_loss(batch, state, idx, v, step, result.log_prob[i * n:(i + 1) * n],
+                                None if result.kl is None else result.kl[i * n:(i + 1) * n])
+                 for i, step in enumerate(j)]
+        loss = sum(part[0] for part in parts) * share
+        metrics = {}
+        for key in parts[0][1]:
+            values = torch.stack([part[1][key] for part in parts])
+            metrics[key] = (values.min() if key.endswith("_min") else values.max()
+                            if key.endswith("_max") else values.mean())
+        return loss, metrics
+
+    def step_loss(self, batch, state, idx, v, j, log_prob, kl):
+        """Loss and metrics of samples ``idx`` at view ``v`` and trained step ``j``."""
+        p = self.policy
+        logp = log_prob.reshape(len(idx), -1)
         weight = batch.sample_weights[idx].to(logp.device)
         adv = batch.advantages[idx, v, j] * (batch.step_weights[idx, j].to(logp.device)
                                              * weight)[:, None]
         loss, metrics = losses.get(p.loss)(logp.flatten(), state[idx, v, j].flatten(),
                                            adv.flatten(), **p.loss_params)
-        return add_kl(loss, metrics, result.kl, weight, p.beta)
+        return add_kl(loss, metrics, kl, weight, p.beta)
 
 
 @torch.no_grad()

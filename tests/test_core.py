@@ -226,3 +226,47 @@ def test_cond_index_reuses_the_last_sub_batch_only_for_the_same_index_tensor():
     other = cond.index(torch.tensor([3, 1, 7]))  # equal values, another tensor: gathered anew
     assert other is not first and torch.equal(other.tensors["a"], first.tensors["a"])
     assert torch.equal(cond.index([0, 9]).tensors["a"], torch.tensor([0.0, 9.0]))
+
+
+def _stacked_update(out, per: int, views: int):
+    """One toy update with ``steps_per_call = per``: the gradient of its optimizer step, its
+    metrics, the transformer calls with grad and the number of units."""
+    from flowgrpo.trainer import canonical_advantages
+
+    t = toy_trainer(out, f"train.objective_params={{steps_per_call: {per}}}",
+                    "train.beta=0.01", f"train.views={views}")
+    assert_ratio_one(t)
+    batch = t.sample(0)
+    t.views.extend(t, batch, 0)
+    units = t.objective.units(batch)
+    calls, grads = [], []
+    hook = t.adapter.transformer.register_forward_pre_hook(
+        lambda m, a, kw: calls.append(torch.is_grad_enabled()), with_kwargs=True)
+    adv, _ = t.advantages(batch)
+    batch.advantages = canonical_advantages(adv, batch)
+    step = t.optimizer.step
+
+    def record_then_step(*args, **kwargs):
+        grads.extend(p.grad.clone() for p in t.params)
+        return step(*args, **kwargs)
+
+    t.optimizer.step = record_then_step
+    metrics = t.update(batch, adv, 0)
+    hook.remove()
+    return grads, metrics, sum(calls), len(units)
+
+
+@pytest.mark.parametrize("views", [0, 1])
+def test_stacked_steps_replay_in_one_call_with_ratio_one_and_the_same_update(tmp_path, views):
+    """``objective_params.steps_per_call``: 4 trained steps per transformer call (the last call
+    takes the rest). Before the update every ratio is 1; the update's gradient and its metrics
+    equal one step per call's, with 3 grad calls per minibatch and view instead of 9."""
+    (w1, m1, grad1, u1), (w4, m4, grad4, u4) = (_stacked_update(tmp_path / str(per), per, views)
+                                                for per in (1, 4))
+    assert (u1, u4) == (9 * (views + 1), 3 * (views + 1))
+    assert (grad1, grad4) == (u1, u4)
+    for key in ("train/loss", "train/kl", "train/ratio_mean", "train/clipfrac"):
+        assert m4[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-9), key
+    assert len(w1) == len(w4) > 0  # the gradient of the update (Adam's first step is its sign)
+    for a, b in zip(w4, w1):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-9)
