@@ -1,16 +1,16 @@
 """What switching the LoRA off and on for a reference call costs, and what it could cost.
 
-``flowgrpo.model.reference`` runs the reference (base) model by calling diffusers'
-``disable_adapters()`` on entry and ``enable_adapters()`` on exit; the ``ratio`` objective does
-this once per trained step and minibatch when ``train.beta > 0`` (``benchmarks/overhead.py``
-shows it as ``reference (LoRA off/on)``). Timed here, per use (entry + exit), on the toy's and
-the tiny SD3's transformer with the run's LoRA:
+``flowgrpo.model.reference`` runs the reference (base) model with the LoRA switched off; the
+``ratio`` objective does this once per trained step and minibatch when ``train.beta > 0``
+(``benchmarks/overhead.py`` shows it as ``reference (LoRA off/on)``). Timed here, per use (entry
++ exit), on the toy's and the tiny SD3's transformer with the run's LoRA:
 
-- ``reference()``: what the trainer does now;
-- ``check_peft_version`` alone: diffusers calls it in both methods; it reads the installed
-  peft's metadata through ``importlib.metadata`` each time;
-- ``layer.enable_adapters`` on a cached list of the LoRA layers: peft's public per-layer switch
-  (it also flips ``requires_grad`` of the LoRA weights), without the walk over every module;
+- ``reference()``: what the trainer does now: peft's public per-layer ``enable_adapters`` on
+  the LoRA layers found once per model (it also flips ``requires_grad`` of the LoRA weights);
+- diffusers' ``disable_adapters()`` / ``enable_adapters()``: what it did before; each walks every
+  module and calls ``check_peft_version``;
+- ``check_peft_version`` alone: it reads the installed peft's metadata through
+  ``importlib.metadata`` each time;
 - the ``_disable_adapters`` flag alone on the cached layers: what a forward reads (a private
   peft attribute; enough under ``torch.no_grad``, where the reference always runs).
 
@@ -56,6 +56,12 @@ def variants(trainer) -> dict[str, Callable[[], None]]:
         with reference(trainer.adapter):
             pass
 
+    model = unwrap(trainer.adapter.transformer)
+
+    def diffusers_switch() -> None:
+        model.disable_adapters()
+        model.enable_adapters()
+
     def version() -> None:
         check_peft_version(min_version=MIN_PEFT_VERSION)
         check_peft_version(min_version=MIN_PEFT_VERSION)
@@ -72,7 +78,8 @@ def variants(trainer) -> dict[str, Callable[[], None]]:
         for layer in layers:
             layer._disable_adapters = False
 
-    return {"reference() (now)": now, "  of it: check_peft_version x2": version,
+    return {"reference() (now)": now, "diffusers disable/enable (before)": diffusers_switch,
+            "  of it: check_peft_version x2": version,
             "cached layers, enable_adapters": cached, "cached layers, flag only": flag}
 
 
