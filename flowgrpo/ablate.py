@@ -366,6 +366,9 @@ def plot(folder: Path, cells: list[Cell]) -> None:
     import matplotlib.pyplot as plt
 
     curves = _curves(cells)
+    # 20 distinct colours, then the same ones dashed: no two cells share a line style
+    colours = plt.get_cmap("tab20").colors
+    styles = {name: (colours[i % 20], "-" if i < 20 else "--") for i, name in enumerate(curves)}
     for index, (file, xlabel) in enumerate((("eval_vs_step.png", "step"),
                                             ("eval_vs_calls.png", "transformer calls"),
                                             ("eval_vs_time.png", "training seconds"))):
@@ -374,7 +377,9 @@ def plot(folder: Path, cells: list[Cell]) -> None:
             n = min(len(points) for points in seeds)  # evals every seed has
             xs = [statistics.mean(p[i][index] for p in seeds) for i in range(n)]
             ys = [[p[i][3] for p in seeds] for i in range(n)]
-            (line,) = ax.plot(xs, [statistics.mean(y) for y in ys], "o-", ms=3, label=name)
+            colour, dash = styles[name]
+            (line,) = ax.plot(xs, [statistics.mean(y) for y in ys], marker="o", ls=dash, ms=3,
+                              color=colour, label=name)
             if len(seeds) > 1:
                 ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys],
                                 color=line.get_color(), alpha=0.2)
@@ -382,7 +387,7 @@ def plot(folder: Path, cells: list[Cell]) -> None:
         ax.set_ylabel("eval reward")
         ax.grid(alpha=0.3)
         if curves:
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=7, ncol=2 if len(curves) > 8 else 1)
         fig.tight_layout()
         fig.savefig(folder / file, dpi=110)
         plt.close(fig)
