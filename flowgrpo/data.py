@@ -1,6 +1,7 @@
 """Prompt sets and the per-epoch prompt sampler.
 
-A prompt set is a list of ``(prompt, metadata)``: built-in by name (``digits``) or read from a
+A prompt set is a list of ``(prompt, metadata)``: built-in by name (``digits``; ``tts_hard``,
+see :mod:`flowgrpo.tts_prompts`) or read from a
 ``.txt`` file (one prompt per line) or a ``.jsonl`` file (``{"prompt": ..., <metadata>}`` per
 line; the metadata reaches the reward, e.g. ``"text"`` for OCR or ``"boxes"`` for regions).
 The config checks ``data.prompts`` and ``data.eval_prompts`` with :func:`load_prompts` at load
@@ -18,6 +19,7 @@ from pipelines.toy import digit_prompt
 
 from .config import ConfigError
 from .config_io import read_utf8
+from .tts_prompts import hard_prompts
 
 Prompt = tuple[str, dict]
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -25,6 +27,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 BUILTIN = {
     "digits": lambda: [(digit_prompt(d), {"digit": d}) for d in range(10)],
+    # hard texts for speech models (numbers, dates, rare words, tongue twisters, long
+    # sentences); metadata "text" is the spoken form an ASR reward compares against
+    "tts_hard": lambda: hard_prompts(100, seed=0),
 }
 
 
