@@ -37,7 +37,8 @@ def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
 
 
 def _choice(key: str, value: str, choices: list[str] | tuple[str, ...]) -> None:
-    _check(value in choices, key, value, f"valid choices: {', '.join(choices)}")
+    shown = ", ".join(c if c else "'' (off)" for c in choices)  # an empty choice is visible
+    _check(value in choices, key, value, f"valid choices: {shown}")
 
 
 def bind_params(key: str, target: Any, params: dict, skip: int = 0) -> None:

@@ -48,6 +48,8 @@ BAD = [
     ({"reward": {"aggregation": "avg"}}, ["reward.aggregation", "normalize_then_sum"]),
     ({"model": {"family": "sdxl"}}, ["model.family", "sdxl", "sd3"]),
     ({"model": {"dtype": "int8"}}, ["model.dtype", "bfloat16"]),
+    ({"model": {"compile": "fast"}}, ["model.compile", "'' (off)", "max-autotune"]),
+    ({"train": {"optimizer_kernel": "apex"}}, ["train.optimizer_kernel", "fused", "foreach"]),
     ({"train": {"group_size": 8, "batch_size": 12}}, ["train.batch_size", "12", "multiple",
                                                       "group_size"]),
     ({"train": {"group_size": 1}}, ["train.group_size", ">= 2"]),
