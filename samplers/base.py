@@ -116,6 +116,9 @@ class Sampler:
     """
 
     name: ClassVar[str] = ""
+    # steps into s' below this are not trained (see :meth:`trainable`); samplers whose steps
+    # into tiny noise levels are ill conditioned (cps, langevin) take it as a parameter
+    min_train_sigma: float = 0.0
 
     @property
     def is_stochastic(self) -> bool:
@@ -130,8 +133,9 @@ class Sampler:
     def trainable(self, sigma: float, sigma_next: float) -> bool:
         """Whether the step ``sigma -> sigma_next`` is stochastic and well conditioned enough to
         train by its ratio (step selections skip the others: every one, and a window ends at the
-        last trainable step). A deterministic sampler has no trainable step."""
-        return self.is_stochastic and sigma_next > 0.0
+        last trainable step). A deterministic sampler has no trainable step, nor has any sampler
+        a step into ``s' < min_train_sigma``."""
+        return self.is_stochastic and sigma_next > 0.0 and sigma_next >= self.min_train_sigma
 
     def transition(
         self,
@@ -163,6 +167,14 @@ class Sampler:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
         return f"{type(self).__name__}({args})"
+
+
+def check_min_train_sigma(name: str, value: float) -> float:
+    """``value`` as a float when it is a valid ``min_train_sigma`` (in ``[0, 1)``), else a
+    one-line ``ValueError`` naming the sampler."""
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} min_train_sigma must be in [0, 1), got {value}")
+    return float(value)
 
 
 def _init_params(cls: type) -> list[str]:

@@ -16,7 +16,15 @@ import math
 
 from torch import Tensor
 
-from .base import SAMPLERS, Sampler, Sigma, Transition, VelocityFn, step_inputs
+from .base import (
+    SAMPLERS,
+    Sampler,
+    Sigma,
+    Transition,
+    VelocityFn,
+    check_min_train_sigma,
+    step_inputs,
+)
 
 
 @SAMPLERS.register("cps")
@@ -37,13 +45,8 @@ class CoefficientsPreserving(Sampler):
     def __init__(self, noise_level: float = 0.7, min_train_sigma: float = 0.02) -> None:
         if not 0.0 <= noise_level <= 1.0:
             raise ValueError(f"cps noise_level must be in [0, 1], got {noise_level}")
-        if not 0.0 <= min_train_sigma < 1.0:
-            raise ValueError(f"cps min_train_sigma must be in [0, 1), got {min_train_sigma}")
         self.noise_level = float(noise_level)
-        self.min_train_sigma = float(min_train_sigma)
-
-    def trainable(self, sigma: float, sigma_next: float) -> bool:
-        return sigma_next >= max(self.min_train_sigma, 1e-12)
+        self.min_train_sigma = check_min_train_sigma("cps", min_train_sigma)
 
     @property
     def is_stochastic(self) -> bool:

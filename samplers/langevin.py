@@ -20,7 +20,15 @@ import math
 import torch
 from torch import Tensor
 
-from .base import SAMPLERS, Sampler, Sigma, Transition, VelocityFn, step_inputs
+from .base import (
+    SAMPLERS,
+    Sampler,
+    Sigma,
+    Transition,
+    VelocityFn,
+    check_min_train_sigma,
+    step_inputs,
+)
 from .sde import flow_grpo_g
 
 VELOCITY_MODES = ("reuse", "model")
@@ -63,15 +71,10 @@ class LangevinCorrector(Sampler):
             raise ValueError(
                 f"unknown langevin velocity {velocity!r}; valid: {', '.join(VELOCITY_MODES)}"
             )
-        if not 0.0 <= min_train_sigma < 1.0:
-            raise ValueError(f"langevin min_train_sigma must be in [0, 1), got {min_train_sigma}")
         self.noise_level = float(noise_level)
-        self.min_train_sigma = float(min_train_sigma)
+        self.min_train_sigma = check_min_train_sigma("langevin", min_train_sigma)
         self.delta = None if delta is None else float(delta)
         self.velocity = velocity
-
-    def trainable(self, sigma: float, sigma_next: float) -> bool:
-        return self.is_stochastic and sigma_next >= max(self.min_train_sigma, 1e-12)
 
     @property
     def is_stochastic(self) -> bool:
