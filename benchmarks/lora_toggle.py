@@ -45,18 +45,15 @@ def variants(trainer) -> dict[str, Callable[[], None]]:
     """One use (off, then on) of each way to switch the LoRA."""
     from diffusers.loaders.peft import MIN_PEFT_VERSION
     from diffusers.utils.peft_utils import check_peft_version
-    from peft.tuners.tuners_utils import BaseTunerLayer
 
-    from flowgrpo.model import reference, unwrap
+    from flowgrpo.model import lora_layers, reference, unwrap
 
-    layers = [m for m in unwrap(trainer.adapter.transformer).modules()
-              if isinstance(m, BaseTunerLayer)]
+    model = unwrap(trainer.adapter.transformer)
+    layers = lora_layers(model)  # the ones reference() switches
 
     def now() -> None:
         with reference(trainer.adapter):
             pass
-
-    model = unwrap(trainer.adapter.transformer)
 
     def diffusers_switch() -> None:
         model.disable_adapters()
@@ -66,12 +63,6 @@ def variants(trainer) -> dict[str, Callable[[], None]]:
         check_peft_version(min_version=MIN_PEFT_VERSION)
         check_peft_version(min_version=MIN_PEFT_VERSION)
 
-    def cached() -> None:
-        for layer in layers:
-            layer.enable_adapters(False)
-        for layer in layers:
-            layer.enable_adapters(True)
-
     def flag() -> None:
         for layer in layers:
             layer._disable_adapters = True
@@ -79,8 +70,7 @@ def variants(trainer) -> dict[str, Callable[[], None]]:
             layer._disable_adapters = False
 
     return {"reference() (now)": now, "diffusers disable/enable (before)": diffusers_switch,
-            "  of it: check_peft_version x2": version,
-            "cached layers, enable_adapters": cached, "cached layers, flag only": flag}
+            "  of it: check_peft_version x2": version, "cached layers, flag only": flag}
 
 
 def run(model: str, path: str | None, repeats: int, rounds: int) -> None:
