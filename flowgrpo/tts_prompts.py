@@ -16,8 +16,6 @@ from __future__ import annotations
 import random
 import re
 
-CATEGORIES = ("numbers", "dates", "rare_words", "tongue_twisters", "long_sentences")
-
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
          "fourteen fifteen sixteen seventeen eighteen nineteen").split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
@@ -163,6 +161,7 @@ def _long_sentences(rng: random.Random) -> tuple[str, str]:
 
 _MAKERS = {"numbers": _numbers, "dates": _dates, "rare_words": _rare_words,
            "tongue_twisters": _tongue_twisters, "long_sentences": _long_sentences}
+CATEGORIES = tuple(_MAKERS)
 
 
 def hard_prompts(count: int = 100, seed: int = 0) -> list[tuple[str, dict]]:
