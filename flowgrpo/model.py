@@ -196,7 +196,7 @@ def make_trainable(cfg: ModelConfig, adapter: FlowAdapter) -> list[torch.nn.Para
     """Add a LoRA (or unfreeze everything) and return the trainable parameters (fp32)."""
     transformer = adapter.transformer
     if cfg.lora:
-        transformer.add_adapter(lora_config(cfg, adapter), adapter_name=ADAPTER_NAME)
+        adapter.add_lora(lora_config(cfg, adapter), ADAPTER_NAME)
         params = [p for n, p in transformer.named_parameters() if "lora_" in n]
     else:
         adapter.reference_copy = copy.deepcopy(transformer).requires_grad_(False).eval()

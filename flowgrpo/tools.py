@@ -1,7 +1,9 @@
 """Inference helpers behind ``flowgrpo sample`` and ``flowgrpo eval``.
 
 A trained run is loaded the way a diffusers user would: the base pipeline plus
-``pipeline.load_lora_weights(<checkpoint>/lora)`` (or the fully fine-tuned ``transformer/``).
+``pipeline.load_lora_weights(<checkpoint>/lora)`` (the adapter's ``load_lora``: families whose
+pipeline has no LoRA loader read the peft folder their ``save_lora`` wrote) or the fully
+fine-tuned ``transformer/``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def load_trained(cfg: Config, run: str | None, device: str | torch.device = "cpu
     if run:
         folder = find_checkpoint(run, "")
         if (folder / "lora").is_dir():
-            adapter.pipeline.load_lora_weights(str(folder / "lora"))
+            adapter.load_lora(str(folder / "lora"))
         else:
             from safetensors.torch import load_file
 

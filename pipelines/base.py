@@ -28,6 +28,12 @@ MMDIT_LORA_TARGETS = (
     "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
 )
 
+LOGPROB_WEIGHT = "logprob_weight"
+"""The :class:`Cond` key of an optional per-position weight of a step's log-density, ``[B, ...]``
+broadcastable to the latents (1: a generated position; 0: a position the model does not generate,
+such as a TTS voice prompt's frames or the padding after a clip). Rollouts and replays pass it to
+:func:`samplers.gaussian_log_prob` and the KL, so those positions add nothing to ratios or KLs."""
+
 
 @dataclass
 class Cond:
@@ -148,6 +154,20 @@ class FlowAdapter(ABC):
             transformer_lora_adapter_metadata=metadata,
         )
 
+    def add_lora(self, config: Any, adapter_name: str = "default") -> None:
+        """Wrap :attr:`transformer`'s ``config.target_modules`` in a peft LoRA named
+        ``adapter_name`` (diffusers' ``add_adapter``, or peft's injection for a transformer
+        without diffusers' peft mixin)."""
+        if hasattr(self.transformer, "add_adapter"):
+            self.transformer.add_adapter(config, adapter_name=adapter_name)
+        else:
+            inject_lora(self.transformer, config, adapter_name)
+
+    def load_lora(self, directory: str) -> None:
+        """Load a LoRA written by :meth:`save_lora` into this adapter's pipeline (diffusers'
+        ``load_lora_weights`` by default)."""
+        self.pipeline.load_lora_weights(directory)
+
     def position_weights(self, regions: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
         """Map region scores ``[B, h, w]`` on the image grid onto the latent grid.
 
@@ -174,6 +194,61 @@ class FlowAdapter(ABC):
     def to(self, device: torch.device | str) -> FlowAdapter:
         self.pipeline.to(device)
         return self
+
+
+LORA_WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
+LORA_CONFIG_NAME = "lora_config.json"
+
+
+def inject_lora(model: torch.nn.Module, config: Any, adapter_name: str = "default") -> None:
+    """Add a peft LoRA to a module that has no diffusers peft mixin: peft's
+    ``inject_adapter_in_model``, and ``model.peft_config`` set as diffusers' ``add_adapter`` sets
+    it (so ``get_peft_model_state_dict(model)`` and checkpoints work the same way)."""
+    from peft import inject_adapter_in_model
+
+    inject_adapter_in_model(config, model, adapter_name=adapter_name)
+    if not hasattr(model, "peft_config"):
+        model.peft_config = {}
+    model.peft_config[adapter_name] = config
+
+
+def save_peft_lora(directory: str, lora_state_dict: dict[str, torch.Tensor],
+                   metadata: dict[str, Any] | None) -> None:
+    """Write a peft LoRA state dict (``get_peft_model_state_dict`` keys) as safetensors, with its
+    ``LoraConfig`` as JSON beside it: the format of families whose pipeline has no LoRA loader."""
+    from safetensors.torch import save_file
+
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    if metadata is None:
+        raise ValueError("a LoRA without its config cannot be loaded back: pass the LoraConfig")
+    tensors = {k: v.detach().contiguous().cpu() for k, v in lora_state_dict.items()}
+    save_file(tensors, str(folder / LORA_WEIGHTS_NAME))
+    config = {k: sorted(v) if isinstance(v, set) else v for k, v in metadata.items()}
+    (folder / LORA_CONFIG_NAME).write_text(json.dumps(config, indent=2, default=str))
+
+
+def load_peft_lora(model: torch.nn.Module, directory: str, adapter_name: str = "default") -> None:
+    """Load :func:`save_peft_lora`'s folder into ``model``: inject a LoRA with the stored config
+    (peft's ``inject_adapter_in_model``) and set its weights (``set_peft_model_state_dict``)."""
+    from peft import LoraConfig, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    folder = Path(directory)
+    weights, config_file = folder / LORA_WEIGHTS_NAME, folder / LORA_CONFIG_NAME
+    for file in (weights, config_file):
+        if not file.is_file():
+            raise FileNotFoundError(f"{file} is missing: not a LoRA folder written by save_lora")
+    fields = set(inspect.signature(LoraConfig.__init__).parameters)
+    stored = json.loads(config_file.read_text())
+    config = LoraConfig(**{k: v for k, v in stored.items() if k in fields})
+    state = load_file(str(weights))
+    inject_lora(model, config, adapter_name)
+    result = set_peft_model_state_dict(model, state, adapter_name=adapter_name)
+    unexpected = getattr(result, "unexpected_keys", None) or []
+    if unexpected:
+        raise ValueError(f"{weights}: {len(unexpected)} LoRA weights match no layer of the model "
+                         f"(first: {unexpected[0]})")
 
 
 def guided_call(
