@@ -17,6 +17,7 @@ import torch
 
 import samplers
 from pipelines import Cond, FlowAdapter
+from pipelines.base import LOGPROB_WEIGHT
 
 from .kl import KLInputs
 from .model import reference
@@ -43,7 +44,7 @@ def step_sigmas(traj: Trajectory, k: torch.Tensor) -> tuple[float | torch.Tensor
 
 
 def region_log_prob(x_next: torch.Tensor, tr: samplers.Transition,
-                    regions: torch.Tensor) -> torch.Tensor:
+                    regions: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
     """Per-region log-probs ``[b, P]``: the Gaussian log-density of ``x_next`` averaged over each
     region's latent positions.
 
@@ -51,11 +52,14 @@ def region_log_prob(x_next: torch.Tensor, tr: samplers.Transition,
         regions: ``[P, ...]`` non-negative membership maps broadcastable to one latent (from the
             adapter's ``position_weights``); each is rescaled to mean 1, so region ``p``'s value
             is the weighted mean of the per-element log-density over that region.
+        weight: the condition's :data:`~pipelines.base.LOGPROB_WEIGHT` (``[b, ...]``), applied
+            on top of each region's map.
     """
     out = []
     for m in regions:
-        weight = m / m.float().mean().clamp_min(1e-12)
-        out.append(samplers.gaussian_log_prob(x_next, tr.mean, tr.std, weight=weight[None]))
+        w = (m / m.float().mean().clamp_min(1e-12))[None]
+        w = w if weight is None else w * weight
+        out.append(samplers.gaussian_log_prob(x_next, tr.mean, tr.std, weight=w))
     return torch.stack(out, 1)
 
 
@@ -98,14 +102,16 @@ def replay_step(
     sigma = traj.sigmas.to(x.device)[k]
     velocity = model_velocity(adapter, cond, guidance, autocast)
     tr = sampler.transition(velocity(x, sigma), x, s, s_next, velocity_fn=velocity)
+    weight = cond.tensors.get(LOGPROB_WEIGHT)
     if regions is None:
-        log_prob = samplers.gaussian_log_prob(x_next, tr.mean, tr.std)
+        log_prob = samplers.gaussian_log_prob(x_next, tr.mean, tr.std, weight=weight)
     else:
-        log_prob = region_log_prob(x_next, tr, regions)
+        log_prob = region_log_prob(x_next, tr, regions, weight)
     if kl is None:
         return StepResult(log_prob, None)
     with torch.no_grad(), reference(adapter):
         ref_velocity = model_velocity(adapter, cond, guidance, autocast)
         ref = sampler.transition(ref_velocity(x, sigma), x, s, s_next, velocity_fn=ref_velocity)
     dt = s_next - s
-    return StepResult(log_prob, kl(KLInputs(mean=tr.mean, ref_mean=ref.mean, std=tr.std, dt=dt)))
+    return StepResult(log_prob, kl(KLInputs(mean=tr.mean, ref_mean=ref.mean, std=tr.std, dt=dt,
+                                            weight=weight)))

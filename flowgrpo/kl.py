@@ -48,6 +48,9 @@ class KLInputs:
         std: ``[B, 1, ..., 1]`` the transitions' shared std; ``dt``: ``[B]`` or a float, ``s' - s``.
         v, ref_v: ``[B, ...]`` velocities of the policy and reference on the same inputs.
         logp, ref_logp: ``[B]`` log-likelihoods of the policy and reference.
+        weight: optional per-position weight broadcastable to ``mean`` / ``v`` (the condition's
+            ``LOGPROB_WEIGHT``: 0 where the model generates nothing); element means become
+            ``mean_el(weight * ...)`` like the log-prob's.
     """
 
     mean: Tensor | None = None
@@ -58,9 +61,12 @@ class KLInputs:
     ref_v: Tensor | None = None
     logp: Tensor | None = None
     ref_logp: Tensor | None = None
+    weight: Tensor | None = None
 
 
-def _mean_el(t: Tensor) -> Tensor:
+def _mean_el(t: Tensor, weight: Tensor | None = None) -> Tensor:
+    if weight is not None:
+        t = t.float() * weight.float()
     return t.float().flatten(1).mean(1)
 
 
@@ -75,7 +81,7 @@ def _need(inputs: KLInputs, *names: str) -> list:
 @KL_ESTIMATORS.register("exact")
 def exact_kl(inputs: KLInputs) -> Tensor:
     mean, ref_mean, std = _need(inputs, "mean", "ref_mean", "std")
-    return samplers.gaussian_kl(mean, ref_mean.detach(), std)
+    return samplers.gaussian_kl(mean, ref_mean.detach(), std, weight=inputs.weight)
 
 
 @KL_ESTIMATORS.register("flow_grpo")
@@ -88,13 +94,13 @@ def flow_grpo_kl(inputs: KLInputs) -> Tensor:
 @KL_ESTIMATORS.register("x_mse")
 def x_mse_kl(inputs: KLInputs) -> Tensor:
     mean, ref_mean = _need(inputs, "mean", "ref_mean")
-    return _mean_el((mean.float() - ref_mean.detach().float()) ** 2)
+    return _mean_el((mean.float() - ref_mean.detach().float()) ** 2, inputs.weight)
 
 
 @KL_ESTIMATORS.register("velocity_mse")
 def velocity_mse_kl(inputs: KLInputs) -> Tensor:
     v, ref_v = _need(inputs, "v", "ref_v")
-    return _mean_el((v.float() - ref_v.detach().float()) ** 2)
+    return _mean_el((v.float() - ref_v.detach().float()) ** 2, inputs.weight)
 
 
 @KL_ESTIMATORS.register("log_ratio")

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from pipelines.base import LOGPROB_WEIGHT
+
 from . import losses
 from .batch import RolloutBatch
 from .ema import EMA
@@ -142,7 +144,11 @@ class ForwardObjective(Objective):
         p = self.policy
         v = model_velocity(p.adapter, cond, self.guidance, p.autocast)(
             xt.reshape(flat), t.reshape(-1))
-        return v, (eps - x0).reshape(flat), t.reshape(-1)
+        u = (eps - x0).reshape(flat)
+        weight = cond.tensors.get(LOGPROB_WEIGHT)
+        if weight is not None:  # positions the model does not generate carry no error
+            v = torch.where(weight.to(v.device) > 0, v, u)
+        return v, u, t.reshape(-1)
 
     def log_likelihoods(self, batch, draws, idx, k=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(lp [b, K'], v)``: the weighted log-likelihood proxy of every draw."""

@@ -26,6 +26,7 @@ import torch
 
 import samplers
 from pipelines import Cond, FlowAdapter
+from pipelines.base import LOGPROB_WEIGHT
 
 SOLVERS = ("euler", "dpm2")
 
@@ -180,6 +181,7 @@ def rollout(
             number of processes and any chunking).
     """
     velocity = model_velocity(adapter, cond, spec.guidance, spec.autocast)
+    weight = cond.tensors.get(LOGPROB_WEIGHT)  # positions the model does not generate: 0
     ode, dtype = samplers.get("ode"), spec.storage_dtype
     trained = trained.to(noise.device).long().sort(dim=1).values
     batch, num = trained.shape
@@ -204,7 +206,7 @@ def rollout(
             tr = spec.sampler.transition(v, x, float(s), float(s_next), velocity_fn=velocity)
             x_new = samplers.sample_next(tr, noise=step_noise(x, stochastic, generator))
             x_new = x_new.to(dtype).float()
-            lp = samplers.gaussian_log_prob(x_new, tr.mean, tr.std)
+            lp = samplers.gaussian_log_prob(x_new, tr.mean, tr.std, weight=weight)
             log_probs = torch.where(here, lp[:, None], log_probs)
             if not bool(stochastic.all()):
                 euler = ode.transition(v, x, float(s), float(s_next)).mean.to(dtype).float()

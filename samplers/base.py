@@ -251,7 +251,8 @@ def gaussian_log_prob(
     return _mean_over_elements(lp)
 
 
-def gaussian_kl(mean_a: Tensor, mean_b: Tensor, std: Tensor) -> Tensor:
+def gaussian_kl(mean_a: Tensor, mean_b: Tensor, std: Tensor,
+                weight: Tensor | None = None) -> Tensor:
     """KL between two transitions from the same ``x`` with the same std; ``[B]`` float32.
 
     ``KL(N(a, std^2 I) || N(b, std^2 I))`` per element is ``(a - b)^2 / (2 std^2)``, exact (the
@@ -260,13 +261,18 @@ def gaussian_kl(mean_a: Tensor, mean_b: Tensor, std: Tensor) -> Tensor:
     Args:
         mean_a, mean_b: ``[B, ...]`` transition means (policy and reference).
         std: ``[B, 1, ..., 1]`` shared std, all > 0.
+        weight: optional per-position map broadcastable to the means: ``mean(weight * kl)``,
+            as :func:`gaussian_log_prob` weighs.
 
     Raises:
         ValueError: if any std is 0 (a deterministic step).
     """
     std = _check_trainable(std)
     diff = mean_a.to(torch.float32) - mean_b.to(torch.float32)
-    return _mean_over_elements(diff**2 / (2.0 * std**2))
+    kl = diff**2 / (2.0 * std**2)
+    if weight is not None:
+        kl = kl * weight.to(torch.float32)
+    return _mean_over_elements(kl)
 
 
 def get(name: str, **params: Any) -> Sampler:
