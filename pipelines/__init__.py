@@ -4,6 +4,7 @@ from . import sd3  # noqa: F401  (registers the family)
 from .ace_step import AceStepAdapter  # noqa: F401  (registers the family)
 from .base import FAMILIES, Cond, FlowAdapter, load, names, register
 from .flux import FluxAdapter  # noqa: F401  (registers the family)
+from .longcat_tts import LongCatTTSAdapter  # noqa: F401  (registers the family)
 from .wan import WanAdapter  # noqa: F401  (registers the family)
 
 __all__ = ["FAMILIES", "Cond", "FlowAdapter", "load", "names", "register"]

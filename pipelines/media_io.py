@@ -92,3 +92,30 @@ def save_wav(audio: torch.Tensor, sample_rate: int, path: str | Path) -> Path:
         out.setframerate(int(sample_rate))
         out.writeframes(frames)
     return path
+
+
+def load_wav(path: str | Path) -> tuple[torch.Tensor, int]:
+    """Read a PCM WAV file (8-, 16- or 32-bit, any channel count) with the ``wave`` module.
+
+    Returns:
+        ``(audio [C, T] float32 in [-1, 1], sample_rate)``.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: not a PCM WAV file (one line, naming it).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such WAV file")
+    try:
+        with wave.open(str(path), "rb") as src:
+            channels, width = src.getnchannels(), src.getsampwidth()
+            rate, raw = src.getframerate(), src.readframes(src.getnframes())
+    except (wave.Error, EOFError) as err:
+        raise ValueError(f"{path}: not a PCM WAV file ({err})") from None
+    kinds = {1: (np.uint8, 128.0, 128.0), 2: ("<i2", 0.0, 32768.0), 4: ("<i4", 0.0, 2.0**31)}
+    if width not in kinds:
+        raise ValueError(f"{path}: {8 * width}-bit samples are not supported (8, 16 or 32-bit PCM)")
+    dtype, offset, scale = kinds[width]
+    data = (np.frombuffer(raw, dtype=dtype).astype(np.float32) - offset) / scale
+    audio = torch.from_numpy(data.reshape(-1, channels).T.copy())
+    return audio, int(rate)

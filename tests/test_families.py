@@ -17,17 +17,27 @@ import pytest
 import torch
 
 import pipelines
-from pipelines import AceStepAdapter, FluxAdapter, WanAdapter
+from pipelines import AceStepAdapter, FluxAdapter, LongCatTTSAdapter, WanAdapter
 from pipelines.flux import pack_latents, unpack_latents
 from pipelines.media_io import save_video, save_wav
 from pipelines.sd3 import SD3Adapter
 
 try:
     from tests.tiny import tiny_sd3_pipeline
-    from tests.tiny_families import tiny_ace_step_pipeline, tiny_flux_pipeline, tiny_wan_pipeline
+    from tests.tiny_families import (
+        tiny_ace_step_pipeline,
+        tiny_flux_pipeline,
+        tiny_longcat_tts_pipeline,
+        tiny_wan_pipeline,
+    )
 except ImportError:  # tests/ itself is on sys.path (pytest's default import mode)
     from tiny import tiny_sd3_pipeline
-    from tiny_families import tiny_ace_step_pipeline, tiny_flux_pipeline, tiny_wan_pipeline
+    from tiny_families import (
+        tiny_ace_step_pipeline,
+        tiny_flux_pipeline,
+        tiny_longcat_tts_pipeline,
+        tiny_wan_pipeline,
+    )
 
 PROMPTS = ["a red cube on a table", "two dogs"]
 STEPS = 5
@@ -66,6 +76,9 @@ CASES = {
         tiny_ace_step_pipeline, AceStepAdapter, dict(audio_duration=4.0, shift=3.0),
         dict(audio_duration=4.0, shift=3.0, lyrics=[""] * len(PROMPTS)), output="audios",
     ),
+    "longcat_tts": Case(  # 0.1 s at 1 kHz -> 12 latent frames; latents set the pipeline's length
+        tiny_longcat_tts_pipeline, LongCatTTSAdapter, dict(audio_duration=0.1), output="audios",
+    ),
 }
 
 
@@ -101,6 +114,8 @@ PARITY = [  # (family, guidance, build kwargs, adapter options, extra pipeline a
     ("wan", 5.0, {}, {}, {}),
     ("ace_step", 1.0, {}, {}, {}),
     ("ace_step", 4.0, {}, {}, {}),  # APG against the null condition
+    ("longcat_tts", 1.0, {}, {}, {}),
+    ("longcat_tts", 3.0, {}, {}, {}),  # CFG against the zero text embedding
 ]
 
 
@@ -140,8 +155,11 @@ def test_noise_matches_pipeline_draw():
         assert torch.equal(ours, ref), family
 
 
-@pytest.mark.parametrize("family", ["sd3", "flux", "wan", "ace_step"])
+@pytest.mark.parametrize("family", ["sd3", "flux", "wan", "ace_step", "longcat_tts"])
 def test_lora_round_trip_through_diffusers(family, tmp_path):
+    """A LoRA added with the adapter's ``add_lora``, written with ``save_lora`` and read into a
+    fresh pipeline with ``load_lora`` (diffusers' ``load_lora_weights``, or peft's injection for
+    a pipeline without a LoRA loader) reproduces the adapter and the unchanged pipeline."""
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
@@ -152,8 +170,8 @@ def test_lora_round_trip_through_diffusers(family, tmp_path):
     base = euler_rollout(adapter, x, guidance, steps=2)
 
     transformer = adapter.transformer
-    transformer.add_adapter(LoraConfig(r=4, lora_alpha=4, init_lora_weights="gaussian",
-                                       target_modules=list(adapter.default_lora_targets)))
+    adapter.add_lora(LoraConfig(r=4, lora_alpha=4, init_lora_weights="gaussian",
+                                target_modules=list(adapter.default_lora_targets)))
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in transformer.named_parameters():
@@ -166,7 +184,7 @@ def test_lora_round_trip_through_diffusers(family, tmp_path):
     assert (tuned - base).abs().max() > 1e-3  # the LoRA changes the outputs
 
     fresh = case.make()
-    fresh.pipeline.load_lora_weights(str(tmp_path))
+    fresh.load_lora(str(tmp_path))
     loaded = euler_rollout(fresh, x, guidance, steps=2)
     out = fresh.pipeline(prompt=list(PROMPTS), num_inference_steps=2, guidance_scale=guidance,
                          latents=x.clone(), output_type="latent", **case.call)
@@ -179,6 +197,7 @@ EXPECTED_MEDIA = {  # family: (modality, decoded shape for 2 samples, value rang
     "flux": ("image", (2, 3, 16, 16), (0.0, 1.0)),
     "wan": ("video", (2, 5, 3, 16, 16), (0.0, 1.0)),
     "ace_step": ("audio", (2, 2), (-1.0, 1.0)),  # [B, channels, samples]
+    "longcat_tts": ("audio", (2, 1, 96), (-1.0, 1.0)),  # 12 frames x 8 samples, mono
 }
 
 
@@ -199,6 +218,8 @@ def test_decode_shape_range_and_pipeline_match(family):
                                 latents=x.clone(), output_type="pt", **case.call)
     x1 = euler_rollout(adapter, x, 1.0, steps=1)
     ref = getattr(pipe_out, case.output).float()
+    if modality == "audio":  # the adapters clip to [-1, 1]; a pipeline may not
+        ref = ref.clamp(lo, hi)
     assert (adapter.decode(x1) - ref).abs().max() <= TOL
 
 
@@ -252,7 +273,7 @@ def test_wan_takes_flow_shift_from_a_unipc_scheduler():
     assert unipc.schedule(6)[0] == 1.0 and unipc.schedule(6)[-1] == 0.0
 
 
-@pytest.mark.parametrize("family", ["flux", "wan", "ace_step"])
+@pytest.mark.parametrize("family", ["flux", "wan", "ace_step", "longcat_tts"])
 def test_load_from_a_local_folder(family, tmp_path):
     case = CASES[family]
     adapter = case.make()

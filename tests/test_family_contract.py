@@ -1,6 +1,7 @@
 """The contract every registered family passes with the unchanged trainer: load from a folder,
 encode, roll out with each stochastic sampler (ratio 1 before any update), decode, reward, one
-LoRA training step that changes only the LoRA weights."""
+LoRA training step that changes only the LoRA weights, and a checkpoint whose LoRA loads back
+into a fresh pipeline."""
 
 from __future__ import annotations
 
@@ -75,3 +76,14 @@ def test_family_contract(family, tmp_path):
     after = dict(t.adapter.transformer.named_parameters())
     changed = [n for n in before if not torch.equal(before[n], after[n].detach())]
     assert changed and all("lora_" in n for n in changed), changed[:3]
+    # the checkpoint's LoRA loads back into a fresh pipeline the way `flowgrpo sample` loads it
+    from flowgrpo.tools import load_trained
+
+    folder = t.save(1)
+    loaded = load_trained(t.cfg, str(folder))
+    x = t.adapter.noise(2, torch.Generator().manual_seed(0))
+    sigma = torch.full((2,), 0.6)
+    with torch.no_grad():
+        ours = t.adapter.velocity(x, sigma, t.adapter.encode(["1", "2"]), 1.0)
+        theirs = loaded.velocity(x, sigma, loaded.encode(["1", "2"]), 1.0)
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)

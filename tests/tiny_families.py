@@ -155,3 +155,39 @@ def tiny_ace_step_pipeline(seed: int = 0, is_turbo: bool = False):
         condition_encoder=condition_encoder,
         scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1, shift=1.0),
     )
+
+
+def tiny_longcat_tts_pipeline(seed: int = 0):
+    """A random ``LongCatAudioDiTPipeline``: 1 kHz mono "speech", 8x VAE downsampling (125
+    latent frames per second) of 8 channels, a 2-block DiT over a 1-layer UMT5.
+
+    The DiT zero-initialises its output projections (a new model predicts 0); they are drawn at
+    random here so that rollouts move and LoRA changes show."""
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler,
+        LongCatAudioDiTPipeline,
+        LongCatAudioDiTTransformer,
+        LongCatAudioDiTVae,
+    )
+
+    torch.manual_seed(seed)
+    transformer = LongCatAudioDiTTransformer(
+        dit_dim=32, dit_depth=2, dit_heads=2, dit_text_dim=32, latent_dim=8, ff_mult=2.0,
+    ).eval()
+    with torch.no_grad():
+        for module in (transformer.proj_out, transformer.norm_out.linear,
+                       transformer.adaln_global_mlp.mlp[-1]):
+            module.weight.normal_(0.0, 0.2)
+            module.bias.normal_(0.0, 0.1)
+    torch.manual_seed(seed)
+    vae = LongCatAudioDiTVae(
+        channels=4, c_mults=[1, 2, 4], strides=[2, 2, 2], latent_dim=8, encoder_latent_dim=16,
+        downsampling_ratio=8, sample_rate=1000,
+    ).eval()
+    return LongCatAudioDiTPipeline(
+        vae=vae,
+        text_encoder=tiny_t5_encoder(32, seed, umt5=True),
+        tokenizer=tiny_clip_tokenizer(),
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0, invert_sigmas=True),
+    )
