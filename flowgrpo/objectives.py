@@ -121,9 +121,10 @@ class RatioObjective(Objective):
     ``loss = policy(logp, logp_old, A * w) + beta * mean(KL)``, ``w`` the step selection's loss
     weight. ``logp`` is per region (``[b, P]``) when the reward returns regions.
 
-    Old log-probs: the rollout's own when there is one view and no regions; otherwise they are
-    recomputed before the first update under each view's condition and region maps, so the
-    ratio is exactly 1 before the first update in every case.
+    Old log-probs: the rollout's own when there is one view, no regions and the rollout's
+    guidance; otherwise they are recomputed before the first update under each view's condition,
+    region maps and the training guidance, so the ratio is exactly 1 before the first update in
+    every case.
 
     Args:
         steps_per_call: trained steps replayed together in one transformer call (stacked along
@@ -132,19 +133,31 @@ class RatioObjective(Objective):
             CPU the stacked call gives the same values row for row (the ratio is 1 before the
             first update, tested); on GPU kernels that depend on the batch size it may differ in
             the last bits.
+        guidance: CFG scale of the replayed steps (None: the rollout's ``model.guidance``).
+            CFG-free training (FlowTTS-GRPO): the rollout samples with CFG and ``guidance: 1``
+            replays each stored transition ``x_k -> x_{k+1}`` under the unguided model. The
+            sampling-time log-probs belong to the guided policy, so they are recomputed under
+            the unguided one before the first update: the ratio is exactly 1 there and measures
+            how far the unguided policy moves during the update; the guided rollout only decides
+            which transitions are trained on (no importance correction between the two).
     """
 
-    def __init__(self, policy: Policy, steps_per_call: int = 1) -> None:
+    def __init__(self, policy: Policy, steps_per_call: int = 1,
+                 guidance: float | None = None) -> None:
         super().__init__(policy)
         if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int) \
                 or steps_per_call < 1:
             raise ValueError(f"steps_per_call must be an integer >= 1, got {steps_per_call!r}")
+        if guidance is not None and not float(guidance) >= 0:
+            raise ValueError(f"guidance must be >= 0, got {guidance!r}")
         self.steps_per_call = steps_per_call
+        self.guidance = policy.guidance if guidance is None else float(guidance)
 
     def prepare(self, batch: RolloutBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, V, J, P]`` old log-probs."""
         traj = batch.traj
-        if len(batch.views) == 1 and batch.regions is None:
+        if (len(batch.views) == 1 and batch.regions is None
+                and self.guidance == self.policy.guidance):
             return traj.log_probs[:, None, :, None]
         out = torch.zeros(batch.advantages.shape, device=traj.log_probs.device)
         for v in range(len(batch.views)):
@@ -163,7 +176,7 @@ class RatioObjective(Objective):
 
     def replay(self, batch: RolloutBatch, idx: torch.Tensor, v: int, j: int, kl):
         p = self.policy
-        return replay_step(p.adapter, p.sampler, batch.traj, idx, j, p.guidance,
+        return replay_step(p.adapter, p.sampler, batch.traj, idx, j, self.guidance,
                            kl=kl, regions=batch.regions, autocast=p.autocast,
                            cond=batch.views[v])
 

@@ -144,6 +144,28 @@ def test_ratio_is_one_before_the_first_update_on_tiny_sd3_with_cfg(
     assert_ratio_one(Trainer(cfg))
 
 
+def test_cfg_free_training_replays_unguided_with_ratio_one(tiny_sd3_dir, tmp_path,
+                                                          brightness_reward):
+    """CFG-free training: rollouts with CFG 3, replays at guidance 1. The old log-probs are the
+    unguided policy's (recomputed), not the sampling ones, so the ratio is 1 before the update;
+    the replay really is unguided (its log-probs differ from the guided sampling ones)."""
+    t = Trainer(make_config(tiny_sd3_dir, tmp_path, brightness_reward, model={"guidance": 3.0},
+                            train={"objective_params": {"guidance": 1.0}, "beta": 0.1}))
+    assert t.objective.guidance == 1.0 and t.cfg.model.guidance == 3.0
+    assert_ratio_one(t)
+    from flowgrpo.trainer import canonical_advantages
+
+    batch = t.sample(0)
+    batch.advantages = canonical_advantages(t.advantages(batch)[0], batch)
+    state = t.objective.prepare(batch)[:, 0, :, 0]
+    idx = torch.arange(len(batch.groups))
+    unguided = replay_step(t.adapter, t.sampler, batch.traj, idx, 0, 1.0).log_prob
+    guided = replay_step(t.adapter, t.sampler, batch.traj, idx, 0, 3.0).log_prob
+    torch.testing.assert_close(state[:, 0], unguided, rtol=0, atol=1e-6)
+    torch.testing.assert_close(batch.traj.log_probs[:, 0], guided, rtol=0, atol=1e-6)
+    assert (state - batch.traj.log_probs).abs().max() > 1e-3
+
+
 def test_model_calls_are_counted_per_sample_with_cfg_twice(tiny_sd3_dir, tmp_path,
                                                           brightness_reward):
     t = Trainer(make_config(tiny_sd3_dir, tmp_path, brightness_reward,
