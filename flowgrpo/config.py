@@ -150,6 +150,9 @@ class RewardConfig:
                              default_factory=list)
     aggregation: str = _help("how several rewards become one advantage: sum_then_normalize or "
                              "normalize_then_sum (GDPO)", default="sum_then_normalize")
+    mix_mode: str = _help("how components combine into one score: weighted (sum of weight x "
+                          "score) or sample (one component per sample, drawn with probability "
+                          "proportional to its weight; FlowTTS-GRPO)", default="weighted")
     async_workers: int = _help("reward worker threads overlapping the next rollout (0: inline)",
                                default=0)
 
@@ -179,6 +182,14 @@ class RewardConfig:
                         spec["params"])
         _choice("reward.aggregation", self.aggregation,
                 ("sum_then_normalize", "normalize_then_sum"))
+        from reward_models.mix import MIX_MODES
+
+        _choice("reward.mix_mode", self.mix_mode, MIX_MODES.names())
+        if self.mix_mode == "sample":
+            weights = [spec["weight"] for spec in self.specs()]
+            _check(all(w >= 0 for w in weights) and sum(weights) > 0,
+                   "reward.components[].weight", weights, "mix_mode sample draws each reward "
+                   "with probability proportional to its weight: weights >= 0, positive sum")
         _check(self.async_workers >= 0, "reward.async_workers", self.async_workers, "must be >= 0")
 
 

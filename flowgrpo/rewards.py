@@ -64,7 +64,7 @@ class RewardRunner:
         self.cfg = cfg
         self.run = run or RunConfig(on_reward_error="stop", on_nonfinite="stop")
         self.name = "+".join(spec["name"] for spec in cfg.specs())
-        self.reward = build_reward(cfg.specs())
+        self.reward = build_reward(cfg.specs(), mode=cfg.mix_mode, seed=self.run.seed)
         self.modality = adapter.modality
         self.sample_rate = adapter.sample_rate
         self.groupwise = bool(getattr(self.reward, "groupwise", False))

@@ -226,6 +226,8 @@ class Trainer:
         mine = slice(self.rank * n, (self.rank + 1) * n)
         texts, metas, groups = texts[mine], metas[mine], groups[mine]
         index = torch.arange(self.rank * n, (self.rank + 1) * n)
+        # a sample's identity, for rewards that draw per sample (reward.mix_mode: sample)
+        metas = [{**m, "iteration": epoch, "sample": i} for m, i in zip(metas, index.tolist())]
         gens = [torch.Generator(self.acc.device).manual_seed(hash_seed(cfg.run.seed, epoch, i, 1))
                 for i in index.tolist()]
         sigmas = self.adapter.schedule(cfg.sampler.num_steps)

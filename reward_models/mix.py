@@ -1,18 +1,70 @@
-"""Weighted mixes of rewards, and :func:`build_reward`, the one way configs turn into a reward.
+"""Mixes of rewards, and :func:`build_reward`, the one way configs turn into a reward.
 
-A mix is itself a reward: ``scores = sum_k w_k * scores_k``, and ``components`` carries every
-part's own ``[B]`` scores so the trainer can log them (``reward/<key>``) or normalize them one by
-one (GDPO) without ever looking at reward names.
+A mix is itself a reward whose ``scores`` combine its parts' by a registered mode
+(:data:`MIX_MODES`, config ``reward.mix_mode``), and whose ``components`` carry every part's own
+``[B]`` scores so the trainer can log them (``reward/<key>``) or normalize them one by one (GDPO)
+without ever looking at reward names.
+
+========== ========================================================================================
+mode       ``scores[i]``
+========== ========================================================================================
+weighted   ``sum_k w_k scores_k[i]`` (the default)
+sample     ``scores_k[i]`` for one reward ``k`` drawn per sample with probability
+           ``w_k / sum_k w_k`` (FlowTTS-GRPO's probabilistic scheme). The draw is a function of
+           the mix's seed and the sample's ``metadata["iteration"]`` and ``["sample"]`` (its global
+           index, which the trainer sets), so it is the same on any number of processes and on a
+           resumed run; without them (eval, a direct call) the sample's group and position in the
+           batch key it. Its expectation over draws is the weighted mean.
+========== ========================================================================================
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from flowgrpo.registry import Registry
+
 from .base import Reward, RewardOutput, get, register
 from .media import Media
+
+MIX_MODES: Registry[Callable[..., torch.Tensor]] = Registry("mix mode")
+
+
+@MIX_MODES.register("weighted")
+def weighted_mode(scores: torch.Tensor, weights: torch.Tensor, metadata: list[dict],
+                  seed: int) -> torch.Tensor:
+    """``[K, B]`` part scores -> ``sum_k w_k scores_k`` ``[B]``."""
+    return (weights[:, None] * scores).sum(0)
+
+
+def _unit_draw(seed: int, meta: dict, position: int) -> float:
+    """A uniform number in [0, 1) keyed by the seed and the sample's identity."""
+    if "sample" in meta and "iteration" in meta:
+        key = f"{seed}/{meta['iteration']}/{meta['sample']}"
+    else:
+        key = f"{seed}/eval/{meta.get('group', '')}/{position}"
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0**64
+
+
+@MIX_MODES.register("sample")
+def sample_mode(scores: torch.Tensor, weights: torch.Tensor, metadata: list[dict],
+                seed: int) -> torch.Tensor:
+    """``[K, B]`` part scores -> for each sample the score of one part drawn with probability
+    ``w_k / sum w`` (weights must be >= 0 with a positive sum)."""
+    if bool((weights < 0).any()) or not float(weights.sum()) > 0:
+        raise ValueError(f"mix_mode sample draws each reward with probability proportional to "
+                         f"its weight: weights must be >= 0 with a positive sum, got "
+                         f"{weights.tolist()}")
+    edges = torch.cumsum(weights.double(), 0) / weights.double().sum()
+    draws = torch.tensor([_unit_draw(seed, m, i) for i, m in enumerate(metadata)],
+                         dtype=torch.float64)
+    pick = torch.searchsorted(edges, draws, right=True).clamp(max=len(weights) - 1)
+    return scores.gather(0, pick.to(scores.device)[None]).squeeze(0)
 
 
 def _entries(spec: Any, params: dict[str, dict] | None = None) -> list[dict]:
@@ -64,30 +116,40 @@ def _unique_keys(entries: list[dict]) -> list[str]:
 
 @register("mix")
 class Mix:
-    """Weighted sum of rewards.
+    """A mix of rewards.
 
     Args:
         components: list of ``{"name", "weight" (default 1), "params" (default {}), "key"}``
             (``name`` may also be a built reward), or a dict ``{name: weight}``.
         params: with the dict form, ``{name: params}``.
+        mode: how the parts' scores combine (:data:`MIX_MODES`: ``weighted``, ``sample``).
+        seed: the ``sample`` mode's draws (the trainer passes the run seed).
 
-    Output: ``scores = sum_k w_k scores_k``; ``components[key_k] = scores_k`` (a nested mix's parts
-    appear as ``key/part``); ``regions``, when any part has them, are the same weighted sum with
-    region-less parts contributing their score everywhere; ``info`` keys get a ``key/`` prefix.
+    Output: ``scores`` by ``mode``; ``components[key_k] = scores_k`` (a nested mix's parts appear
+    as ``key/part``); ``regions``, when any part has them, are the weighted sum with region-less
+    parts contributing their score everywhere (``weighted`` mode only); ``info`` keys get a
+    ``key/`` prefix.
     """
 
-    def __init__(self, components: Any, params: dict[str, dict] | None = None) -> None:
+    def __init__(self, components: Any, params: dict[str, dict] | None = None,
+                 mode: str = "weighted", seed: int = 0) -> None:
         entries = _entries(components, params)
         if not entries:
             raise ValueError("mix needs at least one component")
+        self.combine = MIX_MODES.get(mode)
+        self.mode, self.seed = mode, int(seed)
         self.keys = _unique_keys(entries)
         self.weights = [float(e["weight"]) for e in entries]
+        if mode == "sample":  # check the weights now, not at the first rollout
+            sample_mode(torch.zeros(len(entries), 0), torch.tensor(self.weights), [], 0)
         self.rewards = [_instantiate(e) for e in entries]
         self.groupwise = any(getattr(r, "groupwise", False) for r in self.rewards)
 
     def __call__(self, media: Media, prompts: list[str], metadata: list[dict]) -> RewardOutput:
         outputs = [reward(media, prompts, metadata) for reward in self.rewards]
-        scores = sum(w * o.scores.float() for w, o in zip(self.weights, outputs))
+        parts = torch.stack([o.scores.float() for o in outputs])
+        scores = self.combine(parts, torch.tensor(self.weights, device=parts.device), metadata,
+                              self.seed)
         components: dict[str, torch.Tensor] = {}
         info: dict[str, Any] = {}
         for key, out in zip(self.keys, outputs):
@@ -105,6 +167,8 @@ class Mix:
             return None
         if len(shapes) > 1:
             raise ValueError(f"mixed rewards return regions on different grids: {sorted(shapes)}")
+        if self.mode != "weighted":
+            raise ValueError(f"region rewards mix only in the weighted mode, not {self.mode!r}")
         (shape,) = shapes
         total = torch.zeros(shape)
         for w, out in zip(self.weights, outputs):
@@ -113,12 +177,14 @@ class Mix:
         return total
 
 
-def build_reward(spec: Any, params: dict | None = None) -> Reward:
+def build_reward(spec: Any, params: dict | None = None, mode: str = "weighted",
+                 seed: int = 0) -> Reward:
     """Turn a config value into one reward.
 
     ``spec`` is a registered name (with ``params``), a built reward (returned as is), one
     ``{"name", "params", "weight"}`` dict, a list of them, or a ``{name: weight}`` dict. Several
-    entries, or one whose weight is not 1, become a :class:`Mix`.
+    entries, or one whose weight is not 1, become a :class:`Mix` combining by ``mode`` (with
+    ``seed``).
     """
     if isinstance(spec, str):
         return get(spec, **(params or {}))
@@ -129,4 +195,4 @@ def build_reward(spec: Any, params: dict | None = None) -> Reward:
     entries = _entries(spec)
     if len(entries) == 1 and float(entries[0]["weight"]) == 1.0 and not entries[0].get("key"):
         return _instantiate(entries[0])
-    return Mix(entries)
+    return Mix(entries, mode=mode, seed=seed)

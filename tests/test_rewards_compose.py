@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import reward_models
+from flowgrpo.registry import UnknownNameError
 from reward_models import Media, RewardOutput
 from reward_models.groupwise import normalized_ranks, win_rates
 from reward_models.media import as_frames, average_frames
@@ -148,3 +149,79 @@ def test_build_reward_specs(brightness_reward):
         build_reward([{"name": name, "wieght": 2}])
     with pytest.raises(ValueError, match="valid names"):
         build_reward("no-such-reward")
+
+
+class Constant:
+    """Every sample scores ``value`` (tells which component a mixed score came from)."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __call__(self, media, prompts, metadata):
+        return RewardOutput(torch.full((len(prompts),), self.value))
+
+
+def sample_mix(weights: tuple[float, ...], seed: int = 0) -> Mix:
+    return Mix([{"name": Constant(float(k)), "weight": w} for k, w in enumerate(weights)],
+               mode="sample", seed=seed)
+
+
+def training_metadata(n: int, iteration: int = 0, start: int = 0) -> list[dict]:
+    return [{"group": (start + i) // 4, "iteration": iteration, "sample": start + i}
+            for i in range(n)]
+
+
+def test_sample_mode_scores_each_sample_by_one_reward_drawn_by_weight():
+    mix = sample_mix((1.0, 3.0))
+    n = 4000
+    media = Media("image", torch.zeros(n, 3, 1, 1))
+    out = mix(media, [""] * n, training_metadata(n))
+    assert set(out.scores.unique().tolist()) <= {0.0, 1.0}  # one component's score, unweighted
+    assert abs(out.scores.mean().item() - 0.75) < 0.03  # drawn with probability w / sum(w)
+    assert torch.equal(out.components["Constant_2"], torch.ones(n))  # every part still logged
+    weighted = Mix([{"name": Constant(0.0), "weight": 1.0},
+                    {"name": Constant(1.0), "weight": 3.0}])
+    scores = weighted(media, [""] * n, training_metadata(n)).scores
+    assert torch.equal(scores, torch.full((n,), 3.0))
+
+
+def test_sample_mode_draws_are_the_same_however_the_batch_is_split():
+    """A sample's draw depends on the seed, its iteration and its global index only: the same on
+    one process scoring 8 samples and on two scoring 4 each; other iterations and seeds draw
+    again."""
+    mix = sample_mix((1.0, 1.0, 1.0))
+    media = Media("image", torch.zeros(8, 3, 1, 1))
+    whole = mix(media, [""] * 8, training_metadata(8)).scores
+    halves = torch.cat([mix(Media("image", torch.zeros(4, 3, 1, 1)), [""] * 4,
+                            training_metadata(4, start=s)).scores for s in (0, 4)])
+    assert torch.equal(whole, halves)
+    n = 64
+    big = Media("image", torch.zeros(n, 3, 1, 1))
+    first = mix(big, [""] * n, training_metadata(n)).scores
+    assert not torch.equal(first, mix(big, [""] * n, training_metadata(n, iteration=1)).scores)
+    assert not torch.equal(first, sample_mix((1.0, 1.0, 1.0), seed=1)(
+        big, [""] * n, training_metadata(n)).scores)
+
+
+def test_sample_mode_refuses_negative_or_zero_weights_in_one_line():
+    for weights in ((1.0, -1.0), (0.0, 0.0)):
+        with pytest.raises(ValueError, match="proportional to its weight") as err:
+            sample_mix(weights)
+        assert "\n" not in str(err.value)
+    with pytest.raises(UnknownNameError, match="mix mode"):
+        Mix([{"name": Constant(0.0)}, {"name": Constant(1.0)}], mode="coin")
+
+
+def test_sample_mode_from_the_config(tmp_path):
+    from flowgrpo.config import ConfigError
+    from flowgrpo.config_io import load_config
+
+    base = [f"run.output_dir={tmp_path}", "reward.mix_mode=sample",
+            "reward.components=[{name: digit, weight: 1}, {name: jpeg_compressibility, "
+            "weight: 2}]"]
+    assert load_config(None, base).reward.mix_mode == "sample"
+    with pytest.raises(ConfigError, match="reward.mix_mode"):
+        load_config(None, [*base[:1], "reward.mix_mode=coin"])
+    with pytest.raises(ConfigError, match="weights >= 0"):
+        load_config(None, [*base[:2], "reward.components=[{name: digit, weight: 1}, "
+                                      "{name: jpeg_compressibility, weight: -1}]"])
