@@ -1,4 +1,5 @@
-"""Writing decoded samples to disk: videos (GIF, frame grid PNG, MP4 when a writer exists) and WAV.
+"""Writing decoded samples to disk (videos as GIF, frame grid PNG, MP4 when a writer exists; WAV)
+and reading WAV files (voice prompts, reference clips).
 
 Inputs are the adapters' decode outputs for one sample: video ``[F, 3, H, W]`` in [0, 1], audio
 ``[C, T]`` in [-1, 1]. Only PIL and the standard library are required.
@@ -101,21 +102,24 @@ def load_wav(path: str | Path) -> tuple[torch.Tensor, int]:
         ``(audio [C, T] float32 in [-1, 1], sample_rate)``.
 
     Raises:
-        FileNotFoundError: no such file. ValueError: not a PCM WAV file (one line, naming it).
+        FileNotFoundError: no such file. ValueError: not a PCM WAV file of 8, 16 or 32 bits (one
+        line, naming it).
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such WAV file")
+        raise FileNotFoundError(f"{str(path)!r} does not exist or is not a file")
     try:
         with wave.open(str(path), "rb") as src:
             channels, width = src.getnchannels(), src.getsampwidth()
             rate, raw = src.getframerate(), src.readframes(src.getnframes())
-    except (wave.Error, EOFError) as err:
-        raise ValueError(f"{path}: not a PCM WAV file ({err})") from None
+    except (wave.Error, EOFError, OSError) as err:
+        raise ValueError(f"{str(path)!r} is not a readable PCM WAV file ({err})") from None
     kinds = {1: (np.uint8, 128.0, 128.0), 2: ("<i2", 0.0, 32768.0), 4: ("<i4", 0.0, 2.0**31)}
     if width not in kinds:
-        raise ValueError(f"{path}: {8 * width}-bit samples are not supported (8, 16 or 32-bit PCM)")
+        raise ValueError(f"{str(path)!r} has {8 * width}-bit samples; 8-, 16- or 32-bit PCM WAV "
+                         "is supported")
     dtype, offset, scale = kinds[width]
     data = (np.frombuffer(raw, dtype=dtype).astype(np.float32) - offset) / scale
+    data = data[: len(data) // channels * channels]
     audio = torch.from_numpy(data.reshape(-1, channels).T.copy())
     return audio, int(rate)

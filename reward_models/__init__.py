@@ -12,6 +12,7 @@ from . import (  # noqa: F401  (registration imports)
     pickscore,
     regions,
     remote,
+    speech,
 )
 from .base import REWARDS, Reward, RewardOutput, get, names, register
 from .checks import RewardFault, check_output

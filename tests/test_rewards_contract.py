@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import importlib.util
 
 import pytest
 import torch
@@ -53,6 +54,21 @@ def get(name: str, **params):
     return lambda: reward_models.get(name, **params)
 
 
+SPEECH = "tests/assets/speech"
+
+
+def speech(name: str, package: str, **params):
+    """A speech reward, skipped with a reason when its optional package is absent (looked up,
+    not imported: resemblyzer is only a source of weights and does not import everywhere)."""
+
+    def build():
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"{package} is not installed (pip install -e '.[speech]')")
+        return reward_models.get(name, **params)
+
+    return build
+
+
 CASES = {
     "clip": ("image", lambda: reward_models.get("clip", **clip_params())),
     "pickscore": ("image", lambda: reward_models.get(
@@ -74,6 +90,11 @@ CASES = {
     "digit": ("image", get("digit")),
     "jpeg_compressibility": ("image", get("jpeg_compressibility")),
     "jpeg_incompressibility": ("image", get("jpeg_incompressibility")),
+    "wer": ("audio", speech("wer", "pocketsphinx")),
+    "cer": ("audio", speech("cer", "pocketsphinx", vocabulary=f"{SPEECH}/vocabulary.txt")),
+    "speaker_sim": ("audio", speech("speaker_sim", "resemblyzer", speaker_wav=f"{SPEECH}/t0_a.wav",
+                                    device="cpu")),
+    "mcd": ("audio", get("mcd", reference_wav=f"{SPEECH}/t0_a.wav")),
 }
 TEST_ONLY = {"brightness_test"}  # registered by a conftest fixture for single tests
 
