@@ -4,6 +4,9 @@ A prompt set is a list of ``(prompt, metadata)``: built-in by name (``digits``; 
 see :mod:`flowgrpo.tts_prompts`) or read from a
 ``.txt`` file (one prompt per line) or a ``.jsonl`` file (``{"prompt": ..., <metadata>}`` per
 line; the metadata reaches the reward, e.g. ``"text"`` for OCR or ``"boxes"`` for regions).
+File values (:data:`PATH_KEYS`: an edit's source ``"image"`` and ``"mask"``, a speech reward's
+``"speaker_wav"`` / ``"reference_wav"``) are paths relative to the ``.jsonl`` file (or absolute);
+they are resolved to absolute paths and must exist.
 The config checks ``data.prompts`` and ``data.eval_prompts`` with :func:`load_prompts` at load
 time, so a missing, empty or malformed file fails before any model loads.
 """
@@ -23,6 +26,8 @@ from .tts_prompts import hard_prompts
 
 Prompt = tuple[str, dict]
 REPO_ROOT = Path(__file__).resolve().parent.parent
+PATH_KEYS = ("image", "mask", "speaker_wav", "reference_wav")
+"""Metadata keys whose values are files, relative to the prompt set's ``.jsonl`` file."""
 
 
 BUILTIN = {
@@ -52,7 +57,7 @@ def load_prompts(spec: str, key: str = "prompt set") -> list[Prompt]:
                           f"({', '.join(BUILTIN)}) nor a file")
     lines = read_utf8(path, key).splitlines()
     if path.suffix == ".jsonl":
-        items = [_jsonl_prompt(line, f"{key}: {path}:{n}")
+        items = [_jsonl_prompt(line, f"{key}: {path}:{n}", path.parent)
                  for n, line in enumerate(lines, 1) if line.strip()]
     else:
         items = [(line.strip(), {}) for line in lines if line.strip()]
@@ -61,9 +66,10 @@ def load_prompts(spec: str, key: str = "prompt set") -> list[Prompt]:
     return items
 
 
-def _jsonl_prompt(line: str, where: str) -> Prompt:
-    """One ``.jsonl`` line as ``(prompt, metadata)``; ``where`` (``key: file:line``) starts the
-    message of the :class:`~flowgrpo.config.ConfigError` a bad line raises."""
+def _jsonl_prompt(line: str, where: str, folder: Path | None = None) -> Prompt:
+    """One ``.jsonl`` line as ``(prompt, metadata)``, its :data:`PATH_KEYS` resolved against
+    ``folder``; ``where`` (``key: file:line``) starts the message of the
+    :class:`~flowgrpo.config.ConfigError` a bad line raises."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as err:
@@ -77,6 +83,19 @@ def _jsonl_prompt(line: str, where: str) -> Prompt:
     prompt = record.pop("prompt")
     if not isinstance(prompt, str):
         raise ConfigError(f"{where}: 'prompt' must be a string, got {type(prompt).__name__}")
+    for name in PATH_KEYS:
+        if name not in record:
+            continue
+        value = record[name]
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{where}: {name!r} must be a file path (a string), got {value!r}")
+        file = Path(value).expanduser()
+        if not file.is_absolute() and folder is not None:
+            file = folder / file
+        if not file.is_file():
+            raise ConfigError(f"{where}: {name!r} file {value!r} not found (looked for "
+                              f"{file}; relative paths start at the .jsonl file's folder)")
+        record[name] = str(file.resolve())
     return prompt, record
 
 

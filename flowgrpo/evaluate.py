@@ -41,7 +41,7 @@ def fixed_noise(adapter: FlowAdapter, seeds: list[int]) -> torch.Tensor:
 @torch.no_grad()
 def generate(
     adapter: FlowAdapter,
-    encode: Callable[[list[str]], Cond],
+    encode: Callable[[list[str], list[dict]], Cond],
     prompts: list[str],
     seeds: list[int],
     num_steps: int,
@@ -49,13 +49,16 @@ def generate(
     batch_size: int,
     sampler: samplers.Sampler | None = None,
     autocast: Callable = nullcontext,
+    metadata: list[dict] | None = None,
 ) -> torch.Tensor:
-    """Decoded media for ``prompts`` (one seed each); Euler (:func:`solve`) unless a stochastic
+    """Decoded media for ``prompts`` (one seed each, with their ``metadata``, which ``encode``
+    reads for image-conditioned families); Euler (:func:`solve`) unless a stochastic
     ``sampler`` is given (then every step but the last is stochastic)."""
     sigmas = adapter.schedule(num_steps)
+    metadata = metadata if metadata is not None else [{} for _ in prompts]
     out = []
     for sl in chunks(len(prompts), batch_size):
-        noise, cond = fixed_noise(adapter, seeds[sl]), encode(prompts[sl])
+        noise, cond = fixed_noise(adapter, seeds[sl]), encode(prompts[sl], metadata[sl])
         if sampler is None or not sampler.is_stochastic:
             final = solve(adapter, noise, sigmas, cond, guidance, autocast=autocast)
         else:
@@ -94,7 +97,7 @@ class Evaluator:
                              cfg.sampler.eval_num_steps or cfg.sampler.num_steps,
                              cfg.model.guidance,
                              cfg.train.sample_batch_size or cfg.train.batch_size,
-                             autocast=self.autocast)
+                             autocast=self.autocast, metadata=[m for _, m, _ in mine])
         per_prompt = cfg.data.eval_images_per_prompt  # chunks keep a prompt's images together
         out = cat_rewards([self.rewards.score(media[sl], prompts[sl], [m for _, m, _ in mine[sl]])
                            for sl in chunks(len(mine), max(64 // per_prompt, 1) * per_prompt)])

@@ -57,14 +57,17 @@ def sample(cfg: Config | None, run: str | None, prompts: list[str] | None, sampl
     """Write a grid of ``num`` samples per prompt to ``out`` and return its path."""
     cfg = cfg if cfg is not None else run_config(run)
     adapter = load_trained(cfg, run, _device(cfg))
-    texts = prompts or [p for p, _ in load_prompts(cfg.data.eval_prompts or cfg.data.prompts)]
-    all_prompts = [p for p in texts for _ in range(num)]
+    items = ([(p, {}) for p in prompts] if prompts
+             else load_prompts(cfg.data.eval_prompts or cfg.data.prompts))
+    all_prompts = [p for p, _ in items for _ in range(num)]
+    all_metadata = [m for _, m in items for _ in range(num)]
     seeds = [seed + i for i in range(len(all_prompts))]
-    media = generate(adapter, adapter.encode, all_prompts, seeds,
+    media = generate(adapter, adapter.encode_inputs, all_prompts, seeds,
                      num_steps or cfg.sampler.eval_num_steps or cfg.sampler.num_steps,
                      cfg.model.guidance, cfg.train.sample_batch_size or cfg.train.batch_size,
                      sampler=samplers.get(sampler, **(cfg.sampler.params
-                                                      if sampler == cfg.sampler.name else {})))
+                                                      if sampler == cfg.sampler.name else {})),
+                     metadata=all_metadata)
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     if adapter.modality == "audio":
@@ -91,4 +94,4 @@ def evaluate(cfg: Config | None, run: str | None) -> dict:
     adapter = load_trained(cfg, run, acc.device)
     rewards = RewardRunner(cfg.reward, adapter)
     prompts = load_prompts(cfg.data.eval_prompts or cfg.data.prompts)
-    return Evaluator(cfg, adapter, rewards, prompts, adapter.encode, acc).run(0)
+    return Evaluator(cfg, adapter, rewards, prompts, adapter.encode_inputs, acc).run(0)

@@ -128,7 +128,7 @@ class Trainer:
         self.pruner = pruning.build(tc.pruner, **tc.pruner_params)
         self.adv_state: dict = {}  # a stateful advantage estimator's running statistics
         self.nonfinite_run = 0  # optimizer steps skipped in a row for non-finite gradients
-        self._cond_cache: dict[str, object] = {}
+        self._cond_cache: dict[tuple, object] = {}  # (prompt, *condition values) -> Cond
         self.start_epoch = 0
         if checkpoint is not None:
             self.load(checkpoint)
@@ -174,26 +174,37 @@ class Trainer:
         self.sampler = self.spec.sampler = self.objective.policy.sampler = sampler
 
     # ----------------------------------------------------------------- phases of an epoch
-    def encode(self, prompts: list[str], cache: bool = True):
-        """Encode each distinct prompt once and expand to the batch.
+    def encode(self, prompts: list[str], metadata: list[dict] | None = None,
+               cache: bool = True):
+        """Encode each distinct input once and expand to the batch.
 
-        When the family allows it (``per_prompt_encoding``), each prompt is encoded on its own,
-        so its encoding does not depend on which prompts share the call: a resumed run and a
-        run on more processes see the same numbers. The encodings are cached across epochs when
-        the config asks for it and ``cache`` is True (generated captions pass False)."""
+        An input is a prompt, plus the metadata values the family's encoding depends on
+        (``adapter.condition_keys``, e.g. an edit's source image). When the family allows it
+        (``per_prompt_encoding``), each input is encoded on its own, so its encoding does not
+        depend on which inputs share the call: a resumed run and a run on more processes see the
+        same numbers. The encodings are cached across epochs when the config asks for it and
+        ``cache`` is True (generated captions pass False)."""
         from pipelines import Cond
 
+        keys = self.adapter.condition_keys
+        metadata = metadata if metadata is not None else [{} for _ in prompts]
+        inputs = [(p, *(repr(m.get(k)) for k in keys)) for p, m in zip(prompts, metadata)]
+        first = {}
+        for i, key in enumerate(inputs):
+            first.setdefault(key, i)
         if not self.adapter.per_prompt_encoding:  # one call, so every row shares its padding
-            unique = sorted(set(prompts))
+            unique = sorted(first)
             with self.offloaded(self.adapter.text_encoder_names):
-                enc = self.adapter.encode(unique)
-            return enc.index([unique.index(p) for p in prompts])
-        todo = sorted({p for p in prompts if p not in self._cond_cache})
+                enc = self.adapter.encode_inputs([prompts[first[k]] for k in unique],
+                                                 [metadata[first[k]] for k in unique])
+            return enc.index([unique.index(k) for k in inputs])
+        todo = sorted(k for k in first if k not in self._cond_cache)
         if todo:
             with self.offloaded(self.adapter.text_encoder_names):
-                for p in todo:
-                    self._cond_cache[p] = self.adapter.encode([p])
-        cond = Cond.cat([self._cond_cache[p] for p in prompts])
+                for k in todo:
+                    i = first[k]
+                    self._cond_cache[k] = self.adapter.encode_inputs([prompts[i]], [metadata[i]])
+        cond = Cond.cat([self._cond_cache[k] for k in inputs])
         if not (self.cfg.model.cache_prompt_embeds and cache):
             self._cond_cache.clear()
         return cond
@@ -237,7 +248,7 @@ class Trainer:
         size = cfg.train.sample_batch_size or cfg.train.batch_size
         if self.rewards.groupwise:  # a group-wise reward must see whole groups in each chunk
             size = max(size // k, 1) * k
-        cond_all = self.encode(texts)  # prompt encodings: once per batch, not per chunk
+        cond_all = self.encode(texts, metas)  # encodings: once per batch, not per chunk
         with self.offloaded(("vae",)), self.objective.sampling():
             for sl in chunks(len(texts), size):
                 cond = cond_all.index(sl)

@@ -48,7 +48,7 @@ class Views:
         with trainer.offloaded(("vae",)):
             media = trainer.adapter.decode(batch.traj.final.float())
         for prompts in captions[1:]:
-            batch.views.append(trainer.encode(prompts, cache=False))
+            batch.views.append(trainer.encode(prompts, batch.metadata, cache=False))
             batch.view_rewards.append(trainer.rewards.score(media, prompts, batch.metadata))
         batch.info["views/reward_spread"] = float(
             sum((o.scores.float() - batch.reward.scores.float()).abs().mean()

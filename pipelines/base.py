@@ -87,6 +87,9 @@ class FlowAdapter(ABC):
         per_prompt_encoding: whether a prompt's encoding is independent of the other prompts
             encoded with it (so encodings can be cached per prompt and concatenated). False
             when prompts are padded to the batch's longest and the model attends to padding.
+        condition_keys: the metadata keys a sample's encoding depends on besides its prompt
+            (``("image",)`` for an editing family: the source image's path). Empty (the
+            default): :meth:`encode_inputs` is :meth:`encode` and metadata is never read.
     """
 
     modality: str = "image"
@@ -95,6 +98,7 @@ class FlowAdapter(ABC):
     default_lora_targets: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
     text_encoder_names: tuple[str, ...] = ("text_encoder", "text_encoder_2", "text_encoder_3")
     per_prompt_encoding: bool = True
+    condition_keys: tuple[str, ...] = ()
     transformer: torch.nn.Module
     pipeline: Any
 
@@ -109,6 +113,12 @@ class FlowAdapter(ABC):
     @abstractmethod
     def encode(self, prompts: list[str]) -> Cond:
         """Text (and negative) embeddings for ``prompts``; computed without gradients."""
+
+    def encode_inputs(self, prompts: list[str], metadata: list[dict] | None = None) -> Cond:
+        """Encodings of ``prompts`` with each sample's other inputs (its metadata's
+        :attr:`condition_keys`, e.g. the source image of an edit); computed without gradients.
+        The default ignores metadata: :meth:`encode`."""
+        return self.encode(prompts)
 
     @abstractmethod
     def noise(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:

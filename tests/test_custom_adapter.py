@@ -136,3 +136,78 @@ def test_region_reward_moves_log_prob_only_in_its_region(tmp_path):
 def test_pointwise_adapter_is_a_registered_family():
     assert "pointwise_test" in pipelines.names()
     assert samplers.get("sde").is_stochastic
+
+
+class SourceImageAdapter(PointwiseAdapter):
+    """An image-conditioned family: a sample's velocity is shifted by the mean of its source
+    image (metadata ``"image"``), read in ``encode_inputs``."""
+
+    condition_keys = ("image",)
+    reads: list = []
+
+    def encode_inputs(self, prompts, metadata=None):
+        import numpy as np
+        from PIL import Image
+
+        metadata = metadata or [{} for _ in prompts]
+        shifts = []
+        for meta in metadata:
+            type(self).reads.append(meta.get("image"))
+            pixels = np.asarray(Image.open(meta["image"]).convert("L"), dtype=np.float32)
+            shifts.append(torch.tensor(pixels.mean() / 255))
+        return Cond({"shift": torch.stack(shifts)[:, None, None, None]})
+
+    def velocity(self, x, sigma, cond, guidance):
+        return self.transformer(x) + cond.tensors["shift"]
+
+
+def test_an_image_conditioned_family_encodes_each_prompt_with_its_own_source(tmp_path):
+    """Prompt sets give source images by paths relative to the .jsonl; the trainer encodes each
+    distinct (prompt, image) once, caches it across epochs, and eval passes the metadata too."""
+    from PIL import Image
+
+    from flowgrpo.data import load_prompts
+    from flowgrpo.trainer import Trainer
+
+    (tmp_path / "src").mkdir()
+    for name, value in (("dark.png", 0), ("light.png", 255)):
+        Image.new("L", (4, 4), value).save(tmp_path / "src" / name)
+    rows = tmp_path / "edits.jsonl"
+    rows.write_text('{"prompt": "make it red", "image": "src/dark.png"}\n'
+                    '{"prompt": "make it red", "image": "src/light.png"}\n')
+    items = load_prompts(str(rows))
+    assert [m["image"] for _, m in items] == [str((tmp_path / "src" / n).resolve())
+                                              for n in ("dark.png", "light.png")]
+    pipelines.register("source_image_test")(SourceImageAdapter)
+    try:
+        cfg = config(tmp_path / "run", "bright_test")
+        cfg.data.prompts, cfg.model.family = str(rows), "source_image_test"
+        cfg.train.batch_size, cfg.train.group_size = 4, 2
+        t = Trainer(cfg)
+        SourceImageAdapter.reads.clear()
+        cond = t.encode(["make it red"] * 4, [items[0][1], items[1][1]] * 2)
+        assert cond.tensors["shift"].flatten().tolist() == [0.0, 1.0, 0.0, 1.0]
+        assert len(SourceImageAdapter.reads) == 2  # one encoding per distinct (prompt, image)
+        t.encode(["make it red"] * 2, [items[1][1], items[0][1]])
+        assert len(SourceImageAdapter.reads) == 2  # cached across calls
+        SourceImageAdapter.reads.clear()
+        t._cond_cache.clear()
+        t.evaluator.run(0)
+        assert set(SourceImageAdapter.reads) == {m["image"] for _, m in items}
+    finally:
+        pipelines.FAMILIES._items.pop("source_image_test")
+
+
+def test_a_missing_source_image_names_its_line(tmp_path):
+    import pytest
+
+    from flowgrpo.config import ConfigError
+    from flowgrpo.data import load_prompts
+
+    rows = tmp_path / "edits.jsonl"
+    rows.write_text('{"prompt": "a", "image": "missing.png"}\n')
+    with pytest.raises(ConfigError, match=r"edits.jsonl:1: 'image' file 'missing.png' not found"):
+        load_prompts(str(rows), "data.prompts")
+    rows.write_text('{"prompt": "a"}\n{"prompt": "b", "mask": 3}\n')
+    with pytest.raises(ConfigError, match=r"edits.jsonl:2: 'mask' must be a file path"):
+        load_prompts(str(rows), "data.prompts")
