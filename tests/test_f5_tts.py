@@ -33,6 +33,13 @@ from pipelines.f5_tts import (  # noqa: E402
 )
 from pipelines.media_io import load_wav, save_wav  # noqa: E402
 
+try:
+    from tests.test_families import euler_rollout as shared_euler_rollout
+    from tests.test_family_contract import check_family_contract
+except ImportError:  # tests/ itself is on sys.path (pytest's default import mode)
+    from test_families import euler_rollout as shared_euler_rollout
+    from test_family_contract import check_family_contract
+
 pytestmark = pytest.mark.filterwarnings(  # x-transformers' import-time torch.jit.script
     "ignore:`torch.jit.script` is deprecated:FutureWarning")
 
@@ -83,14 +90,7 @@ def make(**options) -> F5TTSAdapter:
 
 def euler_rollout(adapter: F5TTSAdapter, x: torch.Tensor, guidance: float,
                   prompts: list[str] = PROMPTS, steps: int = STEPS) -> torch.Tensor:
-    cond = adapter.encode(prompts)
-    sigmas = adapter.schedule(steps)
-    y = x.clone()
-    with torch.no_grad():
-        for k in range(steps):
-            v = adapter.velocity(y, sigmas[k].expand(y.shape[0]), cond, guidance).float()
-            y = y + (sigmas[k + 1] - sigmas[k]) * v
-    return y
+    return shared_euler_rollout(adapter, x, guidance, steps=steps, prompts=prompts)
 
 
 PARITY = [  # (guidance, steps, sway, use_epss)
@@ -354,67 +354,14 @@ def test_a_prompt_longer_than_the_clip_is_refused():
         make(audio_duration=0.05).encode(["a rather long sentence for such a short clip"])
 
 
-SAMPLERS = [("sde", {}), ("cps", {}), ("langevin", {"velocity": "model"})]
-
-
 @pytest.mark.slow
 def test_family_contract(tmp_path):
     """tests/test_family_contract.py for this family: load from a saved folder through the
     trainer, ratio 1 before any update for each stochastic sampler, decode, reward, one LoRA
     update that changes only the LoRA weights, a checkpoint whose LoRA loads back."""
-    from flowgrpo.config_io import from_dict
-    from flowgrpo.trainer import Trainer
-    from reward_models import REWARDS, RewardOutput
-
     folder = tmp_path / "model"
     tiny_pipeline().save_pretrained(folder)
     t = torch.arange(2400) / 24000
     voice = save_wav(0.3 * torch.sin(2 * math.pi * 180 * t)[None], 24000, tmp_path / "voice.wav")
-    REWARDS.register("f5_energy_test")(lambda: lambda media, prompts, metadata: RewardOutput(
-        media.data.float().flatten(1).mean(1)))
-    try:
-        cfg = from_dict({
-            "model": {"family": "f5_tts", "path": str(folder),
-                      "options": {"ref_audio": str(voice), "ref_text": "hi there",
-                                  "audio_duration": 0.4},
-                      "guidance": 1.0, "lora_rank": 4, "lora_alpha": 4},
-            "reward": {"name": "f5_energy_test"},
-            "data": {"prompts": "digits", "eval_images_per_prompt": 1},
-            "sampler": {"num_steps": 3},
-            "train": {"group_size": 2, "batch_size": 4, "lr": 1e-2, "beta": 0.1},
-            "run": {"epochs": 1, "output_dir": str(tmp_path), "progress": False,
-                    "tensorboard": False},
-        })
-        trainer = Trainer(cfg)
-        idx = torch.arange(4)
-        for name, params in SAMPLERS:
-            trainer.use_sampler(samplers.get(name, **params))
-            batch = trainer.sample(0)
-            assert trainer.adapter.decode(batch.traj.final).dim() == 3
-            assert batch.reward.scores.shape == (4,)
-            assert torch.isfinite(batch.reward.scores).all()
-            for j in range(batch.traj.num_trained):
-                logp = replay_step(trainer.adapter, trainer.sampler, batch.traj, idx, j,
-                                   1.0).log_prob
-                ratio = torch.exp(logp - batch.traj.log_probs[:, j])
-                assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-6, rtol=0), (
-                    name, ratio)
-        model = trainer.adapter.transformer
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        adv, _ = trainer.advantages(batch)
-        trainer.update(batch, adv, 0)
-        after = dict(model.named_parameters())
-        changed = [n for n in before if not torch.equal(before[n], after[n].detach())]
-        assert changed and all("lora_" in n for n in changed), changed[:3]
-        # the checkpoint's LoRA loads back the way `flowgrpo sample` loads it
-        from flowgrpo.tools import load_trained
-
-        loaded = load_trained(trainer.cfg, str(trainer.save(1)))
-        x = trainer.adapter.noise(2, torch.Generator().manual_seed(0))
-        sigma = torch.full((2,), 0.6)
-        with torch.no_grad():
-            ours = trainer.adapter.velocity(x, sigma, trainer.adapter.encode(["1", "2"]), 3.0)
-            theirs = loaded.velocity(x, sigma, loaded.encode(["1", "2"]), 3.0)
-        torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)
-    finally:
-        REWARDS._items.pop("f5_energy_test")
+    check_family_contract("f5_tts", folder, {"ref_audio": str(voice), "ref_text": "hi there",
+                                             "audio_duration": 0.4}, tmp_path)

@@ -83,9 +83,9 @@ CASES = {
 
 
 def euler_rollout(adapter: pipelines.FlowAdapter, x: torch.Tensor, guidance: float,
-                  steps: int = STEPS) -> torch.Tensor:
+                  steps: int = STEPS, prompts: list[str] = PROMPTS) -> torch.Tensor:
     """The Euler ODE ``x <- x + (s' - s) v`` over the adapter's schedule, in float32."""
-    cond = adapter.encode(PROMPTS)
+    cond = adapter.encode(prompts)
     sigmas = adapter.schedule(steps)
     y = x.clone()
     with torch.no_grad():

@@ -28,14 +28,6 @@ def energy():
         media.data.float().flatten(1).mean(1))
 
 
-def setup_module():
-    REWARDS.register("energy_test")(energy)
-
-
-def teardown_module():
-    REWARDS._items.pop("energy_test")
-
-
 # Optional extras run the same contract in their own test file, which skips without the extra.
 OWN_CONTRACT = {"f5_tts": "tests/test_f5_tts.py::test_family_contract"}
 
@@ -45,50 +37,62 @@ def test_every_registered_family_has_a_contract_case():
     assert not missing, missing
 
 
+def check_family_contract(family: str, folder, options: dict, tmp_path,
+                          prompts: str = "digits", guidance: float = 1.0) -> None:
+    """The contract for the family ``family`` loaded from the pipeline folder ``folder`` with
+    ``options``, trained on the prompt set ``prompts`` (a name or a .jsonl path)."""
+    from flowgrpo.tools import load_trained
+    from flowgrpo.trainer import Trainer
+
+    REWARDS.register("energy_test")(energy)
+    try:
+        cfg = from_dict({
+            "model": {"family": family, "path": str(folder), "options": dict(options),
+                      "guidance": guidance, "lora_rank": 4, "lora_alpha": 4},
+            "reward": {"name": "energy_test"},
+            "data": {"prompts": prompts, "eval_images_per_prompt": 1},
+            "sampler": {"num_steps": 3},
+            "train": {"group_size": 2, "batch_size": 4, "lr": 1e-2, "beta": 0.1},
+            "run": {"epochs": 1, "output_dir": str(tmp_path), "progress": False,
+                    "tensorboard": False},
+        })
+        t = Trainer(cfg)
+        idx = torch.arange(4)
+        for name, params in SAMPLERS:
+            t.use_sampler(samplers.get(name, **params))
+            batch = t.sample(0)
+            media = t.adapter.decode(batch.traj.final)
+            assert media.dim() == {"image": 4, "video": 5, "audio": 3}[t.adapter.modality]
+            assert batch.reward.scores.shape == (4,) and torch.isfinite(batch.reward.scores).all()
+            for j in range(batch.traj.num_trained):
+                logp = replay_step(t.adapter, t.sampler, batch.traj, idx, j, guidance).log_prob
+                ratio = torch.exp(logp - batch.traj.log_probs[:, j])
+                assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-6, rtol=0), (
+                    name, ratio)
+        before = {n: p.detach().clone() for n, p in t.adapter.transformer.named_parameters()}
+        adv, _ = t.advantages(batch)
+        t.update(batch, adv, 0)
+        after = dict(t.adapter.transformer.named_parameters())
+        changed = [n for n in before if not torch.equal(before[n], after[n].detach())]
+        assert changed and all("lora_" in n for n in changed), changed[:3]
+        # the checkpoint's LoRA loads back into a fresh pipeline the way `flowgrpo sample`
+        # loads it
+        loaded = load_trained(t.cfg, str(t.save(1)))
+        x = t.adapter.noise(2, torch.Generator().manual_seed(0))
+        sigma = torch.full((2,), 0.6)
+        items = batch.prompts[:2], batch.metadata[:2]
+        with torch.no_grad():
+            ours = t.adapter.velocity(x, sigma, t.adapter.encode_inputs(*items), guidance)
+            theirs = loaded.velocity(x, sigma, loaded.encode_inputs(*items), guidance)
+        torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)
+    finally:
+        REWARDS._items.pop("energy_test")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(CASES))
 def test_family_contract(family, tmp_path):
-    from flowgrpo.trainer import Trainer
-
     case = CASES[family]
     folder = tmp_path / "model"
     case.make().pipeline.save_pretrained(str(folder))
-    cfg = from_dict({
-        "model": {"family": family, "path": str(folder), "options": dict(case.options),
-                  "guidance": 1.0, "lora_rank": 4, "lora_alpha": 4},
-        "reward": {"name": "energy_test"},
-        "data": {"prompts": "digits", "eval_images_per_prompt": 1},
-        "sampler": {"num_steps": 3},
-        "train": {"group_size": 2, "batch_size": 4, "lr": 1e-2, "beta": 0.1},
-        "run": {"epochs": 1, "output_dir": str(tmp_path), "progress": False,
-                "tensorboard": False},
-    })
-    t = Trainer(cfg)
-    idx = torch.arange(4)
-    for name, params in SAMPLERS:
-        t.use_sampler(samplers.get(name, **params))
-        batch = t.sample(0)
-        media = t.adapter.decode(batch.traj.final)
-        assert media.dim() == {"image": 4, "video": 5, "audio": 3}[t.adapter.modality]
-        assert batch.reward.scores.shape == (4,) and torch.isfinite(batch.reward.scores).all()
-        for j in range(batch.traj.num_trained):
-            logp = replay_step(t.adapter, t.sampler, batch.traj, idx, j, 1.0).log_prob
-            ratio = torch.exp(logp - batch.traj.log_probs[:, j])
-            assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-6, rtol=0), (name, ratio)
-    before = {n: p.detach().clone() for n, p in t.adapter.transformer.named_parameters()}
-    adv, _ = t.advantages(batch)
-    t.update(batch, adv, 0)
-    after = dict(t.adapter.transformer.named_parameters())
-    changed = [n for n in before if not torch.equal(before[n], after[n].detach())]
-    assert changed and all("lora_" in n for n in changed), changed[:3]
-    # the checkpoint's LoRA loads back into a fresh pipeline the way `flowgrpo sample` loads it
-    from flowgrpo.tools import load_trained
-
-    folder = t.save(1)
-    loaded = load_trained(t.cfg, str(folder))
-    x = t.adapter.noise(2, torch.Generator().manual_seed(0))
-    sigma = torch.full((2,), 0.6)
-    with torch.no_grad():
-        ours = t.adapter.velocity(x, sigma, t.adapter.encode(["1", "2"]), 1.0)
-        theirs = loaded.velocity(x, sigma, loaded.encode(["1", "2"]), 1.0)
-    torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)
+    check_family_contract(family, folder, case.options, tmp_path)
