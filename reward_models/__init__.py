@@ -5,6 +5,7 @@ from . import (  # noqa: F401  (registration imports)
     clap,
     clip,
     digits,
+    editing,
     groupwise,
     jpeg,
     mix,

@@ -10,6 +10,9 @@ from __future__ import annotations
 import atexit
 import functools
 import importlib.util
+import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -110,6 +113,27 @@ def inputs(kind: str) -> Media:
     signs = torch.stack([render_text(w, (64, 32), font_size=16) for w in WORDS])
     noisy = (signs + 0.05 * torch.randn(signs.shape, generator=gen)).clamp(0, 1)
     return Media("image", (noisy * 255).round() / 255)  # 8-bit exact: PNG transport is lossless
+
+
+@functools.cache
+def edit_source() -> str:
+    """The editing rewards' source image: the first contract sign, as a PNG on disk."""
+    from reward_models.media import to_pil
+
+    folder = tempfile.mkdtemp(prefix="flowgrpo-edit-")
+    atexit.register(shutil.rmtree, folder, True)
+    path = os.path.join(folder, "source.png")
+    to_pil(inputs("image").data[:1])[0].save(path)
+    return path
+
+
+CASES.update({
+    "preserve": ("image", lambda: reward_models.get("preserve", image=edit_source())),
+    "region_ocr": ("image", get("region_ocr", threads=1)),
+    "edit_regions": ("image", lambda: reward_models.get(
+        "edit_regions", inner="region_ocr", inner_params={"threads": 1}, grid=(4, 4),
+        image=edit_source())),
+})
 
 
 def test_every_registered_reward_has_a_contract_case():
