@@ -17,7 +17,14 @@ import pytest
 import torch
 
 import pipelines
-from pipelines import AceStepAdapter, FluxAdapter, LongCatTTSAdapter, WanAdapter
+from pipelines import (
+    AceStepAdapter,
+    FluxAdapter,
+    HunyuanVideoAdapter,
+    LongCatTTSAdapter,
+    QwenImageAdapter,
+    WanAdapter,
+)
 from pipelines.flux import pack_latents, unpack_latents
 from pipelines.media_io import save_video, save_wav
 from pipelines.sd3 import SD3Adapter
@@ -30,6 +37,11 @@ try:
         tiny_longcat_tts_pipeline,
         tiny_wan_pipeline,
     )
+    from tests.tiny_video import (
+        HUNYUAN_TEMPLATE,
+        tiny_hunyuan_video_pipeline,
+        tiny_qwen_image_pipeline,
+    )
 except ImportError:  # tests/ itself is on sys.path (pytest's default import mode)
     from tiny import tiny_sd3_pipeline
     from tiny_families import (
@@ -37,6 +49,11 @@ except ImportError:  # tests/ itself is on sys.path (pytest's default import mod
         tiny_flux_pipeline,
         tiny_longcat_tts_pipeline,
         tiny_wan_pipeline,
+    )
+    from tiny_video import (
+        HUNYUAN_TEMPLATE,
+        tiny_hunyuan_video_pipeline,
+        tiny_qwen_image_pipeline,
     )
 
 PROMPTS = ["a red cube on a table", "two dogs"]
@@ -79,6 +96,16 @@ CASES = {
     "longcat_tts": Case(  # 0.1 s at 1 kHz -> 12 latent frames; latents set the pipeline's length
         tiny_longcat_tts_pipeline, LongCatTTSAdapter, dict(audio_duration=0.1), output="audios",
     ),
+    "hunyuan_video": Case(
+        tiny_hunyuan_video_pipeline, HunyuanVideoAdapter,
+        dict(height=16, width=16, num_frames=5, max_sequence_length=24,
+             prompt_template=HUNYUAN_TEMPLATE),
+        dict(height=16, width=16, num_frames=5, max_sequence_length=24,
+             prompt_template=HUNYUAN_TEMPLATE),
+        output="frames",
+    ),
+    "qwen_image": Case(tiny_qwen_image_pipeline, QwenImageAdapter, dict(height=32, width=32),
+                       dict(height=32, width=32)),
 }
 
 
@@ -116,6 +143,11 @@ PARITY = [  # (family, guidance, build kwargs, adapter options, extra pipeline a
     ("ace_step", 4.0, {}, {}, {}),  # APG against the null condition
     ("longcat_tts", 1.0, {}, {}, {}),
     ("longcat_tts", 3.0, {}, {}, {}),  # CFG against the zero text embedding
+    ("hunyuan_video", 6.0, {}, {}, {}),  # guidance embedding only
+    ("hunyuan_video", 6.0, {}, {"true_cfg_scale": 3.0, "negative_prompt": "blurry"},
+     {"true_cfg_scale": 3.0, "negative_prompt": "blurry"}),
+    ("qwen_image", 1.0, {}, {}, {}),
+    ("qwen_image", 4.0, {}, {}, {"true_cfg_scale": 4.0, "negative_prompt": " "}),  # true CFG
 ]
 
 
@@ -155,7 +187,8 @@ def test_noise_matches_pipeline_draw():
         assert torch.equal(ours, ref), family
 
 
-@pytest.mark.parametrize("family", ["sd3", "flux", "wan", "ace_step", "longcat_tts"])
+@pytest.mark.parametrize("family", ["sd3", "flux", "wan", "ace_step", "longcat_tts",
+                                    "hunyuan_video", "qwen_image"])
 def test_lora_round_trip_through_diffusers(family, tmp_path):
     """A LoRA added with the adapter's ``add_lora``, written with ``save_lora`` and read into a
     fresh pipeline with ``load_lora`` (diffusers' ``load_lora_weights``, or peft's injection for
@@ -198,6 +231,7 @@ EXPECTED_MEDIA = {  # family: (modality, decoded shape for 2 samples, value rang
     "wan": ("video", (2, 5, 3, 16, 16), (0.0, 1.0)),
     "ace_step": ("audio", (2, 2), (-1.0, 1.0)),  # [B, channels, samples]
     "longcat_tts": ("audio", (2, 1, 96), (-1.0, 1.0)),  # 12 frames x 8 samples, mono
+    "hunyuan_video": ("video", (2, 5, 3, 16, 16), (0.0, 1.0)),
 }
 
 
@@ -273,7 +307,8 @@ def test_wan_takes_flow_shift_from_a_unipc_scheduler():
     assert unipc.schedule(6)[0] == 1.0 and unipc.schedule(6)[-1] == 0.0
 
 
-@pytest.mark.parametrize("family", ["flux", "wan", "ace_step", "longcat_tts"])
+@pytest.mark.parametrize("family", ["flux", "wan", "ace_step", "longcat_tts", "hunyuan_video",
+                                    "qwen_image"])
 def test_load_from_a_local_folder(family, tmp_path):
     case = CASES[family]
     adapter = case.make()

@@ -69,22 +69,30 @@ def check_family_contract(family: str, folder, options: dict, tmp_path,
                 ratio = torch.exp(logp - batch.traj.log_probs[:, j])
                 assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-6, rtol=0), (
                     name, ratio)
-        before = {n: p.detach().clone() for n, p in t.adapter.transformer.named_parameters()}
+        # the trained transformer and any frozen one beside it (Wan2.2 A14B's other expert)
+        models = [t.adapter.transformer, getattr(t.adapter, "frozen_expert", None)]
+
+        def params() -> dict:
+            return {f"{i}.{n}": p for i, m in enumerate(models) if m is not None
+                    for n, p in m.named_parameters()}
+
+        before = {n: p.detach().clone() for n, p in params().items()}
         adv, _ = t.advantages(batch)
         t.update(batch, adv, 0)
-        after = dict(t.adapter.transformer.named_parameters())
+        after = params()
         changed = [n for n in before if not torch.equal(before[n], after[n].detach())]
         assert changed and all("lora_" in n for n in changed), changed[:3]
         # the checkpoint's LoRA loads back into a fresh pipeline the way `flowgrpo sample`
-        # loads it
+        # loads it (at a high and a low noise level: both experts of a two-expert model)
         loaded = load_trained(t.cfg, str(t.save(1)))
         x = t.adapter.noise(2, torch.Generator().manual_seed(0))
-        sigma = torch.full((2,), 0.6)
         items = batch.prompts[:2], batch.metadata[:2]
-        with torch.no_grad():
-            ours = t.adapter.velocity(x, sigma, t.adapter.encode_inputs(*items), guidance)
-            theirs = loaded.velocity(x, sigma, loaded.encode_inputs(*items), guidance)
-        torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)
+        for s in (0.95, 0.5):
+            sigma = torch.full((2,), s)
+            with torch.no_grad():
+                ours = t.adapter.velocity(x, sigma, t.adapter.encode_inputs(*items), guidance)
+                theirs = loaded.velocity(x, sigma, loaded.encode_inputs(*items), guidance)
+            torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)
     finally:
         REWARDS._items.pop("energy_test")
 
