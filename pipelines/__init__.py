@@ -5,6 +5,8 @@ from .ace_step import AceStepAdapter  # noqa: F401  (registers the family)
 from .base import FAMILIES, Cond, FlowAdapter, load, names, register
 from .f5_tts import F5TTSAdapter  # noqa: F401  (registers the family; f5-tts is optional)
 from .flux import FluxAdapter  # noqa: F401  (registers the family)
+from .flux2 import Flux2KleinAdapter  # noqa: F401  (registers the family)
+from .flux_kontext import FluxKontextAdapter  # noqa: F401  (registers the family)
 from .hunyuan_video import HunyuanVideoAdapter  # noqa: F401  (registers the family)
 from .longcat_tts import LongCatTTSAdapter  # noqa: F401  (registers the family)
 from .qwen_image import QwenImageAdapter  # noqa: F401  (registers the family)

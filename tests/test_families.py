@@ -26,11 +26,13 @@ from pipelines import (
     WanAdapter,
 )
 from pipelines.flux import pack_latents, unpack_latents
+from pipelines.flux_kontext import FluxKontextAdapter
 from pipelines.media_io import save_video, save_wav
 from pipelines.sd3 import SD3Adapter
 
 try:
     from tests.tiny import tiny_sd3_pipeline
+    from tests.tiny_editing import tiny_flux_kontext_pipeline
     from tests.tiny_families import (
         tiny_ace_step_pipeline,
         tiny_flux_pipeline,
@@ -44,6 +46,7 @@ try:
     )
 except ImportError:  # tests/ itself is on sys.path (pytest's default import mode)
     from tiny import tiny_sd3_pipeline
+    from tiny_editing import tiny_flux_kontext_pipeline
     from tiny_families import (
         tiny_ace_step_pipeline,
         tiny_flux_pipeline,
@@ -104,6 +107,11 @@ CASES = {
              prompt_template=HUNYUAN_TEMPLATE),
         output="frames",
     ),
+    "flux_kontext": Case(  # its text-to-image path; edits: tests/test_families_editing.py
+        tiny_flux_kontext_pipeline, FluxKontextAdapter,
+        dict(height=16, width=16, max_sequence_length=16),
+        dict(height=16, width=16, max_sequence_length=16, max_area=256),
+    ),
     "qwen_image": Case(tiny_qwen_image_pipeline, QwenImageAdapter, dict(height=32, width=32),
                        dict(height=32, width=32)),
 }
@@ -146,6 +154,10 @@ PARITY = [  # (family, guidance, build kwargs, adapter options, extra pipeline a
     ("hunyuan_video", 6.0, {}, {}, {}),  # guidance embedding only
     ("hunyuan_video", 6.0, {}, {"true_cfg_scale": 3.0, "negative_prompt": "blurry"},
      {"true_cfg_scale": 3.0, "negative_prompt": "blurry"}),
+    ("flux_kontext", 3.5, {}, {}, {}),
+    ("flux_kontext", 3.5, {}, {"true_cfg_scale": 2.0},
+     {"true_cfg_scale": 2.0, "negative_prompt": ""}),
+    ("flux_kontext", 0.0, {"guidance_embeds": False, "dynamic_shift": False}, {}, {}),
     ("qwen_image", 1.0, {}, {}, {}),
     ("qwen_image", 4.0, {}, {}, {"true_cfg_scale": 4.0, "negative_prompt": " "}),  # true CFG
 ]
@@ -188,7 +200,7 @@ def test_noise_matches_pipeline_draw():
 
 
 @pytest.mark.parametrize("family", ["sd3", "flux", "wan", "ace_step", "longcat_tts",
-                                    "hunyuan_video", "qwen_image"])
+                                    "hunyuan_video", "qwen_image", "flux_kontext"])
 def test_lora_round_trip_through_diffusers(family, tmp_path):
     """A LoRA added with the adapter's ``add_lora``, written with ``save_lora`` and read into a
     fresh pipeline with ``load_lora`` (diffusers' ``load_lora_weights``, or peft's injection for
@@ -232,6 +244,7 @@ EXPECTED_MEDIA = {  # family: (modality, decoded shape for 2 samples, value rang
     "ace_step": ("audio", (2, 2), (-1.0, 1.0)),  # [B, channels, samples]
     "longcat_tts": ("audio", (2, 1, 96), (-1.0, 1.0)),  # 12 frames x 8 samples, mono
     "hunyuan_video": ("video", (2, 5, 3, 16, 16), (0.0, 1.0)),
+    "flux_kontext": ("image", (2, 3, 16, 16), (0.0, 1.0)),
 }
 
 
@@ -308,7 +321,7 @@ def test_wan_takes_flow_shift_from_a_unipc_scheduler():
 
 
 @pytest.mark.parametrize("family", ["flux", "wan", "ace_step", "longcat_tts", "hunyuan_video",
-                                    "qwen_image"])
+                                    "qwen_image", "flux_kontext"])
 def test_load_from_a_local_folder(family, tmp_path):
     case = CASES[family]
     adapter = case.make()
