@@ -38,12 +38,12 @@ HUB_PROBE_SECONDS = 3.0
 
 
 def resolve_path(path: str) -> str:
-    """``"digits"`` -> the shipped toy model folder; ``~/...`` -> the home folder's; anything
-    else unchanged."""
-    if path == "digits":
-        from pipelines.toy import DIGITS_MODEL
+    """``"digits"`` / ``"digit_edits"`` -> the shipped toy model folders; ``~/...`` -> the home
+    folder's; anything else unchanged."""
+    if path in ("digits", "digit_edits"):
+        from pipelines.toy import DIGIT_EDITS_MODEL, DIGITS_MODEL
 
-        return str(DIGITS_MODEL)
+        return DIGITS_MODEL if path == "digits" else DIGIT_EDITS_MODEL
     return os.path.expanduser(path) if path.startswith("~") else path
 
 

@@ -29,6 +29,10 @@ from pathlib import Path
 DIGITS_MODEL = str((Path(__file__).parent / "digits-sd3").resolve())
 """Absolute path of the shipped pipeline folder (pass it to ``from_pretrained``)."""
 
+DIGIT_EDITS_MODEL = str((Path(__file__).parent / "digit-edits-kontext").resolve())
+"""The shipped toy editing model (a ``FluxKontextPipeline`` folder, made by
+``scripts/make_digit_edit_model.py``): it rewrites the right-hand digit of a 16x32 image."""
+
 RESOLUTION = 16
 """Image side in pixels the model was trained at (latents are 4 x 8 x 8)."""
 
@@ -51,6 +55,7 @@ def digit_prompt(d: int) -> str:
 
 __all__ = [
     "DIGITS_MODEL",
+    "DIGIT_EDITS_MODEL",
     "GUIDANCE",
     "MAX_SEQUENCE_LENGTH",
     "NUM_STEPS",
