@@ -67,7 +67,14 @@ class Cond:
 
     @staticmethod
     def cat(conds: list[Cond]) -> Cond:
-        """Concatenate along the batch."""
+        """Concatenate along the batch; every part must hold the same keys (one-line
+        ``ValueError`` otherwise, e.g. a batch mixing edits with text-to-image prompts)."""
+        keys = set(conds[0].tensors)
+        for c in conds[1:]:
+            if set(c.tensors) != keys:
+                raise ValueError(f"cannot batch encodings with different parts "
+                                 f"({sorted(keys)} vs {sorted(c.tensors)}): a batch mixes "
+                                 f"samples with and without a source image or voice prompt")
         return Cond({k: torch.cat([c.tensors[k] for c in conds]) for k in conds[0].tensors})
 
 

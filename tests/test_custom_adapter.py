@@ -211,3 +211,15 @@ def test_a_missing_source_image_names_its_line(tmp_path):
     rows.write_text('{"prompt": "a"}\n{"prompt": "b", "mask": 3}\n')
     with pytest.raises(ConfigError, match=r"edits.jsonl:2: 'mask' must be a file path"):
         load_prompts(str(rows), "data.prompts")
+
+
+def test_a_batch_mixing_edits_and_text_to_image_is_a_one_line_error():
+    import pytest
+
+    from pipelines import Cond
+
+    edit = Cond({"prompt_embeds": torch.zeros(1, 2), "image_latents": torch.zeros(1, 3)})
+    plain = Cond({"prompt_embeds": torch.zeros(1, 2)})
+    with pytest.raises(ValueError, match="mixes samples with and without a source") as err:
+        Cond.cat([edit, plain])
+    assert "\n" not in str(err.value)
