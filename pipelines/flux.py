@@ -43,6 +43,17 @@ def unpack_latents(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
     return x.reshape(b, c4 // 4, h, w)
 
 
+def dynamic_shift_mu(config: Any, tokens: int) -> float:
+    """The resolution-dependent shift exponent ``mu`` of FLUX.1 and Qwen-Image: linear in the
+    image token count, from the scheduler config's ``base/max_image_seq_len`` and
+    ``base/max_shift`` (diffusers' ``calculate_shift``)."""
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+    return calculate_shift(tokens, config.get("base_image_seq_len", 256),
+                           config.get("max_image_seq_len", 4096), config.get("base_shift", 0.5),
+                           config.get("max_shift", 1.15))
+
+
 @register("flux")
 class FluxAdapter(FlowAdapter):
     """Adapter for any diffusers ``FluxPipeline`` folder or hub id (FLUX.1-dev / -schnell).
@@ -135,16 +146,7 @@ class FluxAdapter(FlowAdapter):
 
     def shift_mu(self) -> float:
         """FLUX.1's dynamic-shift exponent ``mu``, linear in the image token count ``L``."""
-        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
-
-        config = self.pipeline.scheduler.config
-        return calculate_shift(
-            self.latent_shape()[0],
-            config.get("base_image_seq_len", 256),
-            config.get("max_image_seq_len", 4096),
-            config.get("base_shift", 0.5),
-            config.get("max_shift", 1.15),
-        )
+        return dynamic_shift_mu(self.pipeline.scheduler.config, self.latent_shape()[0])
 
     def schedule(self, num_steps: int) -> torch.Tensor:
         scheduler = self.pipeline.scheduler

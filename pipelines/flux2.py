@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import MMDIT_LORA_TARGETS, Cond, FlowAdapter, guided_call, load_pipeline, register
-from .flux_kontext import load_source_image, shared_ids, sources_of
+from .flux_kontext import gather_references, load_source_image, shared_ids, sources_of
 
 REFERENCE_SIZES = ("output", "source")
 MAX_REFERENCE_AREA = 1024 * 1024  # the pipeline scales larger references down to this area
@@ -244,23 +244,10 @@ class Flux2KleinAdapter(FlowAdapter):
         sources = sources_of(metadata, len(prompts), "flux2_klein")
         if sources is None:
             return cond
-        cache: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
-        refs = []
-        for source in sources:  # a reference shared by several prompts is encoded once
-            key = (source if isinstance(source, str) else
-                   tuple(source) if isinstance(source, (list, tuple))
-                   and all(isinstance(s, str) for s in source) else id(source))
-            if key not in cache:
-                cache[key] = self.encode_references(source)
-            refs.append(cache[key])
-        ids = refs[0][1]
-        if any(r[1].shape != ids.shape or not torch.equal(r[1], ids) for r in refs):
-            lengths = sorted({r[0].shape[1] for r in refs})
-            raise ValueError(f"flux2_klein: the references of one batch differ in number or size "
-                             f"({lengths} tokens); use reference_size='output' and the same number "
-                             f"of references per sample")
-        cond.tensors["image_latents"] = torch.cat([r[0] for r in refs])
-        cond.tensors["image_ids"] = torch.stack([r[1] for r in refs])
+        cond.tensors.update(gather_references(
+            sources, self.encode_references,
+            "flux2_klein: the references of one batch differ in number or size ({lengths} "
+            "tokens); use reference_size='output' and the same number of references per sample"))
         return cond
 
     # -- sampling -----------------------------------------------------------------------------

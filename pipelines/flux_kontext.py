@@ -94,6 +94,30 @@ def shared_ids(ids: torch.Tensor, family: str) -> torch.Tensor:
     return ids[0]
 
 
+def gather_references(sources: list[Any], encode: Any, mismatch: str) -> dict[str, torch.Tensor]:
+    """``image_latents [B, L_ref, 4C]`` and ``image_ids [B, L_ref, d]`` of each sample's
+    source(s): ``encode(source) -> (tokens [1, L_ref, 4C], ids [L_ref, d])``, run once per distinct
+    source (a path, a list of paths, or the same object). All samples' ids must agree (one
+    batched model call); otherwise ``ValueError(mismatch.format(lengths=...))``."""
+    cache: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+    refs = []
+    for source in sources:  # a source shared by several prompts is encoded once
+        if isinstance(source, str):
+            key: Any = source
+        elif isinstance(source, (list, tuple)) and all(isinstance(x, str) for x in source):
+            key = tuple(source)
+        else:
+            key = id(source)
+        if key not in cache:
+            cache[key] = encode(source)
+        refs.append(cache[key])
+    ids = refs[0][1]
+    if any(r[1].shape != ids.shape or not torch.equal(r[1], ids) for r in refs):
+        raise ValueError(mismatch.format(lengths=sorted({r[0].shape[1] for r in refs})))
+    return {"image_latents": torch.cat([r[0] for r in refs]),
+            "image_ids": torch.stack([r[1] for r in refs])}
+
+
 @register("flux_kontext")
 class FluxKontextAdapter(FluxAdapter):
     """Adapter for any diffusers ``FluxKontextPipeline`` folder or hub id (FLUX.1 Kontext-dev).
@@ -202,21 +226,10 @@ class FluxKontextAdapter(FluxAdapter):
         sources = sources_of(metadata, len(prompts), "flux_kontext")
         if sources is None:
             return cond
-        cache: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
-        refs = []
-        for source in sources:  # a source shared by several prompts is encoded once
-            key = source if isinstance(source, str) else id(source)
-            if key not in cache:
-                cache[key] = self.encode_reference(source)
-            refs.append(cache[key])
-        ids = refs[0][1]
-        if any(r[1].shape != ids.shape or not torch.equal(r[1], ids) for r in refs):
-            lengths = sorted({r[0].shape[1] for r in refs})
-            raise ValueError(f"flux_kontext: the source images of one batch come out in different "
-                             f"sizes ({lengths} reference tokens); use reference_size='output' "
-                             f"(or sources of one size)")
-        cond.tensors["image_latents"] = torch.cat([r[0] for r in refs])
-        cond.tensors["image_ids"] = torch.stack([r[1] for r in refs])
+        cond.tensors.update(gather_references(
+            sources, self.encode_reference,
+            "flux_kontext: the source images of one batch come out in different sizes "
+            "({lengths} reference tokens); use reference_size='output' (or sources of one size)"))
         return cond
 
     # -- model call ---------------------------------------------------------------------------

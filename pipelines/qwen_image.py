@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import MMDIT_LORA_TARGETS, Cond, FlowAdapter, load_pipeline, register
-from .flux import pack_latents, unpack_latents
+from .flux import dynamic_shift_mu, pack_latents, unpack_latents
 
 
 @register("qwen_image")
@@ -147,17 +147,9 @@ class QwenImageAdapter(FlowAdapter):
         return pack_latents(x[:, 0].float())
 
     def shift_mu(self) -> float:
-        """The resolution-dependent shift exponent ``mu``, linear in the token count ``L``."""
-        from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
-
-        config = self.pipeline.scheduler.config
-        return calculate_shift(
-            self.latent_shape()[0],
-            config.get("base_image_seq_len", 256),
-            config.get("max_image_seq_len", 4096),
-            config.get("base_shift", 0.5),
-            config.get("max_shift", 1.15),
-        )
+        """The resolution-dependent shift exponent ``mu``, linear in the token count ``L``
+        (the same formula as FLUX.1's)."""
+        return dynamic_shift_mu(self.pipeline.scheduler.config, self.latent_shape()[0])
 
     def schedule(self, num_steps: int) -> torch.Tensor:
         scheduler = self.pipeline.scheduler
