@@ -115,13 +115,13 @@ def test_saved_lora_reproduces_eval_images_in_fresh_pipeline(tiny_sd3_dir, tmp_p
     folder = tmp_path / "checkpoints" / "step_2" / "lora"
     assert (folder / "pytorch_lora_weights.safetensors").is_file()
     prompts, seeds = ["a handwritten digit 3", "a handwritten digit 5"], [11, 12]
-    trained = generate(t.adapter, t.adapter.encode, prompts, seeds, 4, 1.0, 2)
+    trained = generate(t.adapter, t.adapter.encode_inputs, prompts, seeds, 4, 1.0, 2)
     pipe = StableDiffusion3Pipeline.from_pretrained(tiny_sd3_dir, text_encoder_3=None,
                                                     tokenizer_3=None)
     base = SD3Adapter(pipeline=pipe)
-    untrained = generate(base, base.encode, prompts, seeds, 4, 1.0, 2)
+    untrained = generate(base, base.encode_inputs, prompts, seeds, 4, 1.0, 2)
     pipe.load_lora_weights(str(folder))
-    reloaded = generate(base, base.encode, prompts, seeds, 4, 1.0, 2)
+    reloaded = generate(base, base.encode_inputs, prompts, seeds, 4, 1.0, 2)
     assert (trained - untrained).abs().max() > 1e-4  # training changed the images
     torch.testing.assert_close(reloaded, trained, atol=1e-5, rtol=0)
 
