@@ -54,8 +54,39 @@ def dynamic_shift_mu(config: Any, tokens: int) -> float:
                            config.get("max_shift", 1.15))
 
 
+class PackedTokens:
+    """The geometry of latents packed as FLUX packs them (2x2 patches of the VAE latent, one
+    token each, row-major), shared by FLUX.1 and Qwen-Image: an adapter with ``height``,
+    ``width`` (pixels), ``vae_scale`` and a transformer whose ``in_channels`` is ``4C``."""
+
+    height: int
+    width: int
+    vae_scale: int
+
+    def latent_grid(self) -> tuple[int, int]:
+        """``(h, w)`` of the unpacked VAE latent (pixels / vae_scale)."""
+        return self.height // self.vae_scale, self.width // self.vae_scale
+
+    def latent_shape(self) -> tuple[int, int]:
+        """``(L, 4C)`` of one packed latent."""
+        h, w = self.latent_grid()
+        return (h // 2) * (w // 2), self.pipeline.transformer.config.in_channels
+
+    def position_weights(self, regions: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
+        """Region scores ``[B, h, w]`` on the image grid -> ``[B, L, 1]`` per-token weights.
+
+        A token is a 2x2 patch of VAE latents, i.e. a ``2*vae_scale`` pixel square (16x16 for
+        FLUX.1 and Qwen-Image); the map is area-averaged onto the ``(h/2, w/2)`` token grid and
+        flattened in the packing's row-major order, so it broadcasts over the token's ``4C``
+        channels.
+        """
+        h, w = self.latent_grid()
+        grid = F.interpolate(regions[:, None].float(), size=(h // 2, w // 2), mode="area")
+        return grid.flatten(1)[..., None]
+
+
 @register("flux")
-class FluxAdapter(FlowAdapter):
+class FluxAdapter(PackedTokens, FlowAdapter):
     """Adapter for any diffusers ``FluxPipeline`` folder or hub id (FLUX.1-dev / -schnell).
 
     Args:
@@ -107,16 +138,6 @@ class FluxAdapter(FlowAdapter):
         self.true_cfg_scale = float(true_cfg_scale)
         self.negative_prompt = negative_prompt
         self.max_sequence_length = max_sequence_length
-
-    # -- shapes -------------------------------------------------------------------------------
-    def latent_grid(self) -> tuple[int, int]:
-        """``(h, w)`` of the unpacked VAE latent (pixels / vae_scale)."""
-        return self.height // self.vae_scale, self.width // self.vae_scale
-
-    def latent_shape(self) -> tuple[int, int]:
-        """``(L, 4C)`` of one packed latent."""
-        h, w = self.latent_grid()
-        return (h // 2) * (w // 2), self.pipeline.transformer.config.in_channels
 
     # -- interface ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -197,15 +218,3 @@ class FluxAdapter(FlowAdapter):
         latents = latents / vae.config.scaling_factor + vae.config.shift_factor
         image = vae.decode(latents, return_dict=False)[0]
         return (image.float() / 2 + 0.5).clamp(0, 1)
-
-    def position_weights(self, regions: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
-        """Region scores ``[B, h, w]`` on the image grid -> ``[B, L, 1]`` per-token weights.
-
-        A token is a 2x2 patch of VAE latents, i.e. a ``2*vae_scale`` pixel square (16x16 for
-        FLUX.1); the map is area-averaged onto the ``(h/2, w/2)`` token grid and flattened in the
-        packing's row-major order, so it broadcasts over the token's ``4C`` channels.
-        """
-        h, w = self.latent_grid()
-        grid = F.interpolate(regions[:, None].float(), size=(h // 2, w // 2), mode="area")
-        return grid.flatten(1)[..., None]
-

@@ -37,11 +37,11 @@ import torch
 import torch.nn.functional as F
 
 from .base import MMDIT_LORA_TARGETS, Cond, FlowAdapter, load_pipeline, register
-from .flux import dynamic_shift_mu, pack_latents, unpack_latents
+from .flux import PackedTokens, dynamic_shift_mu, pack_latents, unpack_latents
 
 
 @register("qwen_image")
-class QwenImageAdapter(FlowAdapter):
+class QwenImageAdapter(PackedTokens, FlowAdapter):
     """Adapter for any diffusers ``QwenImagePipeline`` folder or hub id.
 
     Args:
@@ -99,15 +99,6 @@ class QwenImageAdapter(FlowAdapter):
         self.max_sequence_length = max_sequence_length
 
     # -- shapes -------------------------------------------------------------------------------
-    def latent_grid(self) -> tuple[int, int]:
-        """``(h, w)`` of the unpacked VAE latent (pixels / vae_scale)."""
-        return self.height // self.vae_scale, self.width // self.vae_scale
-
-    def latent_shape(self) -> tuple[int, int]:
-        """``(L, 4C)`` of one packed latent."""
-        h, w = self.latent_grid()
-        return (h // 2) * (w // 2), self.pipeline.transformer.config.in_channels
-
     @property
     def latent_dtype(self) -> torch.dtype:
         """The dtype the pipeline keeps its latents in: its prompt embeddings' (the text
@@ -199,13 +190,3 @@ class QwenImageAdapter(FlowAdapter):
         inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents)
         image = vae.decode(latents / inv_std + mean, return_dict=False)[0][:, :, 0]
         return (image.float() / 2 + 0.5).clamp(0, 1)
-
-    def position_weights(self, regions: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
-        """Region scores ``[B, h, w]`` on the image grid -> ``[B, L, 1]`` per-token weights.
-
-        As FLUX: a token is a 2x2 patch of VAE latents, a ``2 * vae_scale`` pixel square
-        (16x16); the map is area-averaged onto the ``(h/2, w/2)`` token grid, flattened in the
-        packing's row-major order."""
-        h, w = self.latent_grid()
-        grid = F.interpolate(regions[:, None].float(), size=(h // 2, w // 2), mode="area")
-        return grid.flatten(1)[..., None]
