@@ -40,10 +40,19 @@ import yaml
 from tqdm.auto import tqdm
 
 from .config import ConfigError
-from .config_io import DEFAULT_CONFIG, apply_overrides, from_dict, parse_yaml, read_utf8, to_yaml
+from .config_io import (
+    DEFAULT_CONFIG,
+    SHIPPED,
+    apply_overrides,
+    from_dict,
+    parse_yaml,
+    read_utf8,
+    resolve_config,
+    to_yaml,
+)
 from .errors import RunError
 
-PRESETS = Path(__file__).resolve().parent.parent / "configs" / "presets" / "methods.yaml"
+PRESETS = SHIPPED / "presets" / "methods.yaml"
 METHOD = "method"
 
 
@@ -144,7 +153,7 @@ def cell_name(values: dict[str, Any]) -> str:
 def plan(config: str | None, grid: dict[str, list[Any]], overrides: list[str], seeds: int,
          out: Path, presets: dict[str, dict[str, Any]]) -> list[Cell]:
     """Every cell and seed, each config resolved and validated now (nothing runs yet)."""
-    path = Path(config) if config else DEFAULT_CONFIG
+    path = resolve_config(config) if config else DEFAULT_CONFIG
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     base = parse_yaml(read_utf8(path), str(path)) or {}

@@ -2,17 +2,20 @@
 
     flowgrpo train [CONFIG] [--set key=value ...] [--resume auto|PATH] [--overwrite]
     flowgrpo ablate [CONFIG] --grid KEY=V1,V2 [--grid ...] [--seeds N] [--parallel P] ...
-    flowgrpo config [CONFIG] [--set ...] [--help-fields]
+    flowgrpo config [CONFIG] [--set ...] [--help-fields] [--recipes]
     flowgrpo sample [CONFIG] [--run RUN_DIR] [--prompt TEXT ...] [--sampler NAME] ...
     flowgrpo eval [CONFIG] [--run RUN_DIR] [--set ...]
     flowgrpo report RUN [RUN ...] [--out PATH]
     flowgrpo serve-reward --reward NAME [--params JSON] [--host 127.0.0.1] [--port 8000]
-    flowgrpo list
+    flowgrpo list [CONFIG]
+    flowgrpo doctor
 
 Every command takes ``--debug`` (or ``FLOWGRPO_DEBUG=1``) to show tracebacks; without it a fault
 is one line on stderr.
 
-Without CONFIG, ``configs/digits.yaml`` (the CPU default) is used.
+Without CONFIG, ``configs/digits.yaml`` (the CPU default) is used. The shipped configs work from
+any folder and from an installed wheel: ``flowgrpo train configs/sd35_pickscore.yaml`` (or just
+``sd35_pickscore``); ``flowgrpo config --recipes`` lists them.
 """
 
 from __future__ import annotations
@@ -68,29 +71,36 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.help_fields:
         print(describe_fields())
         return 0
+    if args.recipes:
+        from .config_io import SHIPPED, recipes
+
+        shown = recipes()
+        width = max(len(name) for name, _ in shown)
+        print(f"shipped configs ({SHIPPED}); use as `flowgrpo train configs/<name>`:")
+        for name, about in shown:
+            print(f"  {name:<{width}}  {about}")
+        return 0
     print(to_yaml(_load(args)), end="")
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    import pipelines
-    import reward_models
     import samplers
 
-    from . import advantages, credit, enhancers, kl, losses, objectives, pruning, steps
+    from .plugins import BUILTIN, plugged_in, registries
 
-    for title, names in (("pipelines", pipelines.names()), ("samplers", samplers.names()),
-                         ("objectives", objectives.OBJECTIVES.names()),
-                         ("losses", losses.LOSSES.names()),
-                         ("step selections", steps.STEP_SELECTIONS.names()),
-                         ("window strategies", list(samplers.window.STRATEGIES)),
-                         ("credits", credit.CREDITS.names()),
-                         ("enhancers", enhancers.names()),
-                         ("advantages", advantages.ADVANTAGES.names()),
-                         ("kl estimators", kl.KL_ESTIMATORS.names()),
-                         ("pruners", pruning.names()),
-                         ("rewards", reward_models.names())):
+    if args.config or args.overrides:  # resolves the config's references, listed below
+        _load(args)
+    rows = [(title, [n for n, o in reg.origins().items() if o == BUILTIN])
+            for title, reg in registries()]
+    rows.insert(5, ("window strategies", list(samplers.window.STRATEGIES)))
+    for title, names in rows:
         print(f"{title}: {', '.join(names)}")
+    plugins = plugged_in()
+    print("plug-ins:" if plugins else "plug-ins: none (entry points, module:attribute or "
+          "file.py:attribute references; see the README)")
+    for title, name, origin in plugins:
+        print(f"  {title}: {name} <- {origin}")
     return 0
 
 
@@ -129,9 +139,17 @@ def cmd_serve_reward(argv: list[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flowgrpo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    loud = argparse.ArgumentParser(add_help=False)  # --quiet / --verbose, after any command
+    group = loud.add_mutually_exclusive_group()
+    group.add_argument("-q", "--quiet", action="store_true",
+                       help="only warnings, errors and results: no progress bars or notes")
+    group.add_argument("-v", "--verbose", action="store_true",
+                       help="everything the libraries say: loading bars, info logs and the "
+                       "warnings flowgrpo filters as known to be harmless")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train", help="run GRPO training")
+    p = sub.add_parser("train", parents=[loud],
+                       help="run GRPO training")
     _config_args(p)
     p.add_argument("--resume", default=None, metavar="auto|PATH",
                    help="continue a run: auto (run.output_dir, else the run saved last) or a "
@@ -140,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start afresh in a run folder that holds a run, deleting it")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("ablate", help="run a grid of configs and seeds; a table and plots")
+    p = sub.add_parser("ablate", parents=[loud],
+                       help="run a grid of configs and seeds; a table and plots")
     _config_args(p)
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
                    help="an axis of the grid (repeatable); KEY is a config key or 'method' "
@@ -156,12 +175,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list-presets", action="store_true", help="print the presets and exit")
     p.set_defaults(func=cmd_ablate)
 
-    p = sub.add_parser("config", help="print the resolved config")
+    p = sub.add_parser("config", parents=[loud],
+                       help="print the resolved config")
     _config_args(p)
     p.add_argument("--help-fields", action="store_true", help="list every key with its help")
+    p.add_argument("--recipes", action="store_true",
+                   help="list the shipped configs (the CPU default and the recipes)")
     p.set_defaults(func=cmd_config)
 
-    p = sub.add_parser("sample", help="generate media from a base model or a trained run")
+    p = sub.add_parser("sample", parents=[loud],
+                       help="generate media from a base model or a trained run")
     _config_args(p)
     p.add_argument("--run", default=None, help="run or checkpoint folder (default: base model)")
     p.add_argument("--prompt", action="append", default=None, help="prompt (repeatable; "
@@ -173,12 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="samples.png", help="output PNG grid (or folder for audio)")
     p.set_defaults(func=cmd_sample)
 
-    p = sub.add_parser("eval", help="reward of a model on the eval prompts (fixed seeds)")
+    p = sub.add_parser("eval", parents=[loud],
+                       help="reward of a model on the eval prompts (fixed seeds)")
     _config_args(p)
     p.add_argument("--run", default=None, help="run or checkpoint folder (default: base model)")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("report", help="plot and summarize a run (and its eval media), or "
+    p = sub.add_parser("report", parents=[loud],
+                       help="plot and summarize a run (and its eval media), or "
                        "compare several runs or the runs of an ablation folder")
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help="run folder(s), or an ablation folder (its subfolders holding "
@@ -190,9 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("serve-reward", help="serve a reward over HTTP (see serve-reward --help)",
                    add_help=False)
-    p = sub.add_parser("list", help="registered pipelines, samplers, objectives, losses, step "
+    p = sub.add_parser("list", parents=[loud],
+                       help="registered pipelines, samplers, objectives, losses, step "
                        "selections, credits, enhancers, advantages, KL estimators, pruners and "
-                       "rewards")
+                       "rewards, and the plug-ins with where each comes from")
+    p.add_argument("config", nargs="?", default=None,
+                   help="also list the plug-ins this config references")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value (repeatable)")
     p.set_defaults(func=cmd_list)
     return parser
 
@@ -215,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "serve-reward":
         return cmd_serve_reward(argv[1:])
     args = build_parser().parse_args(argv)
+    from . import console
+
+    console.configure(console.QUIET if args.quiet else console.VERBOSE if args.verbose
+                      else console.NORMAL)
     try:
         return args.func(args)
     except BrokenPipeError:  # e.g. `flowgrpo list | head`: the reader has what it wanted

@@ -41,6 +41,22 @@ def _choice(key: str, value: str, choices: list[str] | tuple[str, ...]) -> None:
     _check(value in choices, key, value, f"valid choices: {shown}")
 
 
+def _piece(key: str, name: Any, registry: Any) -> Any:
+    """The piece ``name`` of ``registry`` (a registered name, an entry point or a
+    ``module:attribute`` / ``file.py:attribute`` reference); a bad one raises :class:`ConfigError`
+    naming ``key``."""
+    from .registry import UnknownNameError
+
+    try:
+        return registry.get(name)
+    except UnknownNameError:
+        shown = ", ".join(c if c else "'' (off)" for c in registry.names())
+        raise ConfigError(f"{key}: invalid value {name!r}; valid choices: {shown} (or a "
+                          "module:attribute or path/to/file.py:attribute reference)") from None
+    except ConfigError as err:  # a plug-in that cannot be imported (PluginError)
+        raise type(err)(f"{key}: {err}") from None
+
+
 def bind_params(key: str, target: Any, params: dict, skip: int = 0) -> None:
     """Check that ``params`` are keyword arguments ``target`` takes (after its first ``skip``
     positional parameters), without calling it."""
@@ -99,7 +115,7 @@ class ModelConfig:
     def validate(self) -> None:
         import pipelines
 
-        _choice("model.family", self.family, pipelines.names())
+        _piece("model.family", self.family, pipelines.FAMILIES)
         _choice("model.dtype", self.dtype, DTYPES)
         _choice("model.mixed_precision", self.mixed_precision, ("fp32", "bf16", "fp16"))
         _choice("model.compile", self.compile, COMPILE_MODES)
@@ -127,7 +143,7 @@ class SamplerConfig:
     def validate(self) -> None:
         import samplers
 
-        _choice("sampler.name", self.name, samplers.names())
+        _piece("sampler.name", self.name, samplers.SAMPLERS)
         try:
             samplers.get(self.name, **self.params)
         except (TypeError, ValueError) as err:
@@ -173,7 +189,7 @@ class RewardConfig:
                    "allowed keys: name, weight, params")
         for i, spec in enumerate(self.specs()):
             key = f"reward.components[{i}].name" if self.components else "reward.name"
-            _choice(key, spec["name"], reward_models.names())
+            _piece(key, spec["name"], reward_models.REWARDS)
             weight = spec["weight"]
             _check(isinstance(weight, (int, float)) and not isinstance(weight, bool)
                    and abs(weight) < math.inf, key.replace("name", "weight"), weight,
@@ -184,7 +200,7 @@ class RewardConfig:
                 ("sum_then_normalize", "normalize_then_sum"))
         from reward_models.mix import MIX_MODES
 
-        _choice("reward.mix_mode", self.mix_mode, MIX_MODES.names())
+        _piece("reward.mix_mode", self.mix_mode, MIX_MODES)
         if self.mix_mode == "sample":
             weights = [spec["weight"] for spec in self.specs()]
             _check(all(w >= 0 for w in weights) and sum(weights) > 0,
@@ -300,9 +316,9 @@ class TrainConfig:
             _check(0 <= getattr(self, key) < 1, f"train.{key}", getattr(self, key),
                    "must be in [0, 1)")
         _check(self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "must be >= 0")
-        _choice("train.loss", self.loss, losses.LOSSES.names())
+        _piece("train.loss", self.loss, losses.LOSSES)
         _choice("train.optimizer_kernel", self.optimizer_kernel, ("auto", "fused", "foreach"))
-        _choice("train.advantage", self.advantage, advantages.ADVANTAGES.names())
+        _piece("train.advantage", self.advantage, advantages.ADVANTAGES)
         _check(self.beta >= 0, "train.beta", self.beta, "must be >= 0")
         _check(self.adv_clip >= 0, "train.adv_clip", self.adv_clip, "must be >= 0 (0: off)")
         _check(0 <= self.ema_decay < 1, "train.ema_decay", self.ema_decay, "must be in [0, 1)")
@@ -313,13 +329,17 @@ class TrainConfig:
         """Every registered piece's name and parameters, bound to its target's signature."""
         from . import advantages, credit, enhancers, kl, losses, objectives, pruning, steps
 
-        _choice("train.objective", self.objective, objectives.OBJECTIVES.names())
-        _choice("train.step_selection", self.step_selection, steps.STEP_SELECTIONS.names())
-        _choice("train.credit", self.credit, credit.CREDITS.names())
-        _choice("train.enhancer", self.enhancer, enhancers.names())
-        _choice("train.pruner", self.pruner, pruning.names())
+        _piece("train.objective", self.objective, objectives.OBJECTIVES)
+        _piece("train.step_selection", self.step_selection, steps.STEP_SELECTIONS)
+        _piece("train.credit", self.credit, credit.CREDITS)
+        _piece("train.enhancer", self.enhancer, enhancers.ENHANCERS)
+        _piece("train.pruner", self.pruner, pruning.PRUNERS)
         objective = objectives.OBJECTIVES.get(self.objective)
-        _check(not self.kl or self.kl in objective.kl_estimators, "train.kl", self.kl,
+        if self.kl:
+            _piece("train.kl", self.kl, kl.KL_ESTIMATORS)
+        # a plugged-in estimator declares its own inputs; a built-in one must suit the objective
+        plugged = self.kl and kl.KL_ESTIMATORS.origin(self.kl) != "built-in"
+        _check(not self.kl or plugged or self.kl in objective.kl_estimators, "train.kl", self.kl,
                f"objective {self.objective!r} takes {', '.join(objective.kl_estimators)} "
                f"(all: {', '.join(kl.KL_ESTIMATORS.names())})")
         try:

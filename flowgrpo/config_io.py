@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import textwrap
 import typing
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,57 @@ import yaml
 
 from .config import Config, ConfigError
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "digits.yaml"
+
+def shipped_configs() -> Path:
+    """The folder of the configs that ship with flowgrpo (``digits.yaml``, the recipes,
+    ``prompts/``, ``presets/``, ``accelerate/``): ``flowgrpo/configs`` inside an installed
+    distribution, the top-level ``configs/`` of a source checkout."""
+    package = Path(__file__).resolve().parent
+    installed = package / "configs"
+    return installed if installed.is_dir() else package.parent / "configs"
+
+
+SHIPPED = shipped_configs()
+DEFAULT_CONFIG = SHIPPED / "digits.yaml"
+
+
+def resolve_config(path: str | Path) -> Path:
+    """Where a config argument points: ``path`` itself when it exists; else, for a relative
+    path, the shipped file of that name, with or without a leading ``configs/`` and the
+    ``.yaml`` suffix (``configs/sd35_pickscore.yaml``, ``configs/sd35_pickscore``,
+    ``sd35_pickscore``), so the recipes work from any folder and from an installed wheel."""
+    path = Path(path)
+    if path.exists() or path.is_absolute():
+        return path
+    parts = path.parts[1:] if path.parts and path.parts[0] == "configs" else path.parts
+    for candidate in (SHIPPED.joinpath(*parts), SHIPPED.joinpath(*parts).with_suffix(".yaml")):
+        if parts and candidate.is_file():
+            return candidate
+    return path
+
+
+def shipped_file(path: str | Path) -> Path:
+    """A data file a config names (a prompt set, presets): ``path`` when it exists, else the
+    shipped copy of a relative ``configs/...`` path."""
+    path = Path(path)
+    if path.exists() or path.is_absolute() or not path.parts or path.parts[0] != "configs":
+        return path
+    shipped = SHIPPED.joinpath(*path.parts[1:])
+    return shipped if shipped.exists() else path
+
+
+def recipes() -> list[tuple[str, str]]:
+    """``[(file name, the start of its header comment)]`` of the shipped configs."""
+    out = []
+    for path in sorted(SHIPPED.glob("*.yaml")):
+        header = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.startswith("#"):
+                break
+            header.append(line.lstrip("# ").strip())
+        first = " ".join(header).split(". ")[0].split("; ")[0].rstrip(".")
+        out.append((path.name, textwrap.shorten(first, 72, placeholder=" ...")))
+    return out
 
 _TYPES = {"str": str, "int": int, "float": float, "bool": bool, "dict": dict, "list": list}
 
@@ -225,9 +276,18 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML config (default: the CPU digits job), apply overrides, validate."""
-    path = Path(path) if path else DEFAULT_CONFIG
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                **sections: dict) -> Config:
+    """Read a YAML config, apply overrides, validate.
+
+    Args:
+        path: a YAML file (default: the CPU digits job); a shipped recipe also by name
+            (:func:`resolve_config`).
+        overrides: ``section.key=value`` strings (values parsed as YAML), as ``--set`` takes.
+        sections: keyword overrides per section, merged into the file's values before
+            ``overrides``: ``load_config(run={"epochs": 5}, train={"lr": 1e-4})``.
+    """
+    path = resolve_config(path) if path else DEFAULT_CONFIG
     if path.is_dir():
         raise ConfigError(f"config file {path} is a folder; pass a .yaml file")
     if not path.is_file():
@@ -235,7 +295,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data = parse_yaml(read_utf8(path), str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    return from_dict(apply_overrides(data, overrides or []))
+    return from_dict(apply_overrides(merge_sections(data, sections), overrides or []))
+
+
+def merge_sections(data: dict, sections: dict) -> dict:
+    """Merge keyword overrides ``{section: {key: value}}`` into config data (in place; returned).
+    Each key replaces the file's value, as ``--set section.key=value`` does."""
+    for name, values in sections.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"{name}: a section override is a dict of keys, got "
+                              f"{type(values).__name__} {values!r}")
+        section = data.get(name)
+        if section is None:
+            section = data[name] = {}
+        if not isinstance(section, dict):
+            raise ConfigError(f"{name}: expected a mapping, got {section!r}")
+        section.update(values)
+    return data
 
 
 def describe_fields() -> str:

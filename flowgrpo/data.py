@@ -21,11 +21,10 @@ import torch
 from pipelines.toy import digit_prompt
 
 from .config import ConfigError
-from .config_io import read_utf8
+from .config_io import read_utf8, shipped_file
 from .tts_prompts import hard_prompts
 
 Prompt = tuple[str, dict]
-REPO_ROOT = Path(__file__).resolve().parent.parent
 PATH_KEYS = ("image", "mask", "speaker_wav", "reference_wav")
 """Metadata keys whose values are files, relative to the prompt set's ``.jsonl`` file."""
 
@@ -47,9 +46,7 @@ def load_prompts(spec: str, key: str = "prompt set") -> list[Prompt]:
     """
     if spec in BUILTIN:
         return BUILTIN[spec]()
-    path = Path(spec)
-    if not path.is_file() and not path.is_absolute() and (REPO_ROOT / path).is_file():
-        path = REPO_ROOT / path  # the shipped example prompt sets, from any working directory
+    path = shipped_file(spec)  # configs/prompts/...: the shipped examples, from any folder
     if path.is_dir():
         raise ConfigError(f"{key}: {path} is a folder; give a .txt or .jsonl file")
     if not path.is_file():

@@ -1,13 +1,16 @@
 """Name -> factory registries shared by every extension kind (samplers, losses, rewards, ...).
 
 One lookup per kind: an unknown name raises :class:`UnknownNameError` listing the valid names, so
-a typo in a config fails at load time with the fix in the message.
+a typo in a config fails at load time with the fix in the message. Each registry also takes
+plug-ins from outside the package (entry points, ``module:attribute`` and ``file.py:attribute``
+references; :mod:`flowgrpo.plugins`).
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -21,40 +24,129 @@ class UnknownNameError(ValueError):
 class Registry(Generic[T]):
     """A named collection of factories (functions or classes) of one kind.
 
+    Besides the names registered in code, a registry holds the entry points of installed
+    distributions (group ``flowgrpo.<kind>s``, listed without importing them) and resolves
+    ``module:attribute`` / ``path/to/file.py:attribute`` references on first use (see
+    :mod:`flowgrpo.plugins`). Every name has an origin: ``built-in``, ``entry point ...``,
+    ``file ...``, ``module ...`` or ``python (<module>)``.
+
     Args:
         kind: what the registry holds, used in error messages ("sampler", "loss", ...).
+        adapt: turns a plugged-in object (reference or entry point) into what the registry holds
+            (the reward registry wraps plain scoring functions); identity by default.
     """
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, adapt: Callable[[Any], T] | None = None) -> None:
         self.kind = kind
+        self.adapt = adapt
         self._items: dict[str, T] = {}
+        self._origins: dict[str, str] = {}
+        self._entry_points: dict[str, tuple[Any, str]] | None = None  # read on first use
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator that registers ``obj`` under ``name``; registering a name twice is an error."""
+        from .plugins import origin_of
 
         def decorator(obj: T) -> T:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
             self._items[name] = obj
+            self._origins[name] = origin_of(obj)
             return obj
 
         return decorator
 
+    def add(self, obj: Any, name: str | None = None) -> str:
+        """Register ``obj`` from Python code (adapted like a plug-in) and return its name:
+        ``name``, else ``<module>:<qualified name>``. Adding again under the same name replaces
+        an earlier :meth:`add` (a redefined function in a notebook), never a built-in."""
+        from .plugins import BUILTIN, origin_of
+
+        if name is None:
+            qualname = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+            name = f"{getattr(obj, '__module__', None) or 'python'}:{qualname}"
+            if "<" in qualname:  # a lambda or a local function: not importable by name
+                name = f"{name}@{id(obj):x}"
+        if self._origins.get(name) == BUILTIN:
+            raise ValueError(f"{self.kind} {name!r} is built in and cannot be replaced")
+        self._items[name] = self.adapt(obj) if self.adapt else obj
+        self._origins[name] = origin_of(obj)
+        return name
+
     def get(self, name: str) -> T:
-        """Return the factory registered as ``name``."""
-        try:
+        """Return the factory registered as ``name``, importing an entry point or a reference
+        on first use.
+
+        Raises:
+            UnknownNameError: an unknown name (the message lists the valid names).
+            flowgrpo.plugins.PluginError: a reference or entry point that cannot be imported.
+        """
+        from .plugins import is_reference, load_entry_point, load_reference
+
+        if name in self._items and not self._origins.get(name, "").startswith("file "):
             return self._items[name]
-        except KeyError:
-            raise UnknownNameError(
-                f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}"
-            ) from None
+        if is_reference(name):  # a file reference is looked at again: a changed file is re-read
+            obj, origin = load_reference(name, self.kind)
+            self._items[name] = self.adapt(obj) if self.adapt else obj
+            self._origins[name] = origin
+            return self._items[name]
+        pending = self._pending()
+        if isinstance(name, str) and name in pending:
+            entry, origin = pending[name]
+            obj = load_entry_point(entry, self.kind)
+            self._items[name] = self.adapt(obj) if self.adapt else obj
+            self._origins[name] = origin
+            return self._items[name]
+        raise UnknownNameError(
+            f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())} (or a "
+            "module:attribute or path/to/file.py:attribute reference)"
+        )
 
     def names(self) -> list[str]:
-        """Registered names, sorted."""
-        return sorted(self._items)
+        """Registered names, sorted (entry points included, not yet imported)."""
+        return sorted(set(self._items) | set(self._pending()))
+
+    def origin(self, name: str) -> str:
+        """Where ``name`` comes from (``built-in``, ``entry point <dist> <version> (<value>)``,
+        ``file <path>``, ``module <name>`` or ``python (<module>)``)."""
+        if name in self._origins:
+            return self._origins[name]
+        pending = self._pending()
+        if name in pending:
+            return pending[name][1]
+        self.get(name)  # an unknown name or a reference: raises, or resolves it
+        return self._origins[name]
+
+    def origins(self) -> dict[str, str]:
+        """``{name: origin}`` of every name, sorted by name."""
+        return {name: self.origin(name) for name in self.names()}
+
+    def rescan(self) -> None:
+        """Read the installed entry points again (a distribution installed since)."""
+        from .plugins import rescan
+
+        rescan()
+        self._entry_points = None
+
+    def _pending(self) -> dict[str, tuple[Any, str]]:
+        """Entry points of this kind not shadowed by a name registered in code."""
+        if self._entry_points is None:
+            from .plugins import entry_points
+
+            self._entry_points = {}
+            for name, entry, origin in entry_points(self.kind):
+                if name in self._items and self._origins.get(name, "").startswith("entry point"):
+                    continue
+                if name in self._items:
+                    warnings.warn(f"{origin} registers {self.kind} {name!r}, which is already "
+                                  f"{self._origins.get(name, 'registered')}; the entry point is "
+                                  "ignored", stacklevel=3)
+                    continue
+                self._entry_points[name] = (entry, origin)
+        return {k: v for k, v in self._entry_points.items() if k not in self._items}
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        return name in self._items or name in self._pending()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

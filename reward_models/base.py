@@ -3,10 +3,15 @@
 A reward is a callable ``(media, prompts, metadata) -> RewardOutput`` built by a factory
 registered by name (``reward_models.get(name, **params)``). Factories import heavy libraries
 inside themselves so that importing ``reward_models`` stays cheap.
+
+From outside the package a reward is a reference in config (``my_rewards.py:sharpness``), an entry
+point (group ``flowgrpo.rewards``) or a callable given to :func:`flowgrpo.api.train`: a plain
+function there is a scoring function (:class:`FunctionReward`), a class is a factory.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -48,7 +53,55 @@ class Reward(Protocol):
     def __call__(self, media: Media, prompts: list[str], metadata: list[dict]) -> RewardOutput: ...
 
 
-REWARDS: Registry[Callable[..., Reward]] = Registry("reward")
+class FunctionReward:
+    """A plain scoring function as a reward: ``fn(media, prompts, metadata, **params)`` returns
+    one score per sample (a list, an array, a ``[B]`` tensor) or a :class:`RewardOutput`.
+
+    A function may set ``fn.groupwise = True`` to see whole prompt groups at once.
+    """
+
+    def __init__(self, fn: Callable[..., Any], **params: Any) -> None:
+        self.fn, self.params = fn, params
+        self.groupwise = bool(getattr(fn, "groupwise", False))
+
+    def __call__(self, media: Media, prompts: list[str], metadata: list[dict]) -> RewardOutput:
+        out = self.fn(media, prompts, metadata, **self.params)
+        if isinstance(out, RewardOutput):
+            return out
+        if not isinstance(out, torch.Tensor):
+            try:
+                out = torch.as_tensor(out)
+            except (TypeError, ValueError, RuntimeError) as err:
+                name = getattr(self.fn, "__name__", "reward")
+                raise TypeError(f"{name} returned {type(out).__name__}, not scores (a list of "
+                                f"numbers, an array or a tensor): {err}") from None
+        return RewardOutput(out.detach().float())
+
+
+def as_reward_factory(obj: Any) -> Callable[..., Reward]:
+    """What a plugged-in reward (a reference, an entry point, a callable given to the Python API)
+    becomes in the registry: a class is a factory (``cls(**params)`` is the reward); any other
+    callable is a scoring function wrapped in :class:`FunctionReward`, whose params are the
+    function's keyword parameters after ``(media, prompts, metadata)``."""
+    if isinstance(obj, type):
+        return obj
+    if not callable(obj):
+        raise TypeError(f"a reward must be a scoring function or a reward class, got "
+                        f"{type(obj).__name__}")
+
+    def factory(**params: Any) -> Reward:
+        return FunctionReward(obj, **params)
+
+    try:  # config checks bind reward.params against the function's own parameters
+        parameters = list(inspect.signature(obj).parameters.values())[3:]
+        factory.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):  # a builtin without a signature: params go unchecked
+        pass
+    factory.__name__ = getattr(obj, "__name__", type(obj).__name__)
+    return factory
+
+
+REWARDS: Registry[Callable[..., Reward]] = Registry("reward", adapt=as_reward_factory)
 register = REWARDS.register
 
 

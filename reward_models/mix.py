@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from flowgrpo.plugins import short_name
 from flowgrpo.registry import Registry
 
 from .base import Reward, RewardOutput, get, register
@@ -100,11 +101,13 @@ def _instantiate(entry: dict) -> Reward:
 
 
 def _unique_keys(entries: list[dict]) -> list[str]:
-    """``key`` if given, else the reward name; repeats get ``_2``, ``_3``, ... suffixes."""
+    """``key`` if given, else the reward name (a reference's attribute: ``my.py:sharpness`` ->
+    ``sharpness``); repeats get ``_2``, ``_3``, ... suffixes."""
     keys, seen = [], set()
     for entry in entries:
         name = entry["name"]
-        base = entry.get("key") or (name if isinstance(name, str) else type(name).__name__)
+        base = entry.get("key") or (short_name(name) if isinstance(name, str)
+                                    else type(name).__name__)
         key, n = base, 1
         while key in seen:
             n += 1
