@@ -41,10 +41,11 @@ def train(config: Config | str | Path | None = None, *,
     Args:
         config: a :class:`Config`, a YAML path (a shipped recipe also by name) or ``None`` (the
             CPU default).
-        reward_funcs: replaces the config's reward: a scoring function ``fn(media, prompts, metadata)``
-            returning one score per sample (or a :class:`~reward_models.RewardOutput`), a reward
-            class, or a list of them, each optionally as ``(callable, weight)`` (a weighted mix,
-            ``reward.mix_mode`` combining them).
+        reward_funcs: replaces the config's reward: a scoring function
+            ``fn(media, prompts, metadata)`` returning one score per sample (or a
+            :class:`~reward_models.RewardOutput`), a reward class, or a list of them, each
+            optionally as ``(callable, weight)`` (a weighted mix, ``reward.mix_mode`` combining
+            them).
         resume: ``"auto"`` or a run / checkpoint folder to continue (as ``--resume``).
         overwrite: start afresh in a run folder that holds a run (as ``--overwrite``).
         sections: keyword overrides per section, e.g. ``run={"epochs": 5}`` (``reward={...}``

@@ -104,6 +104,26 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import report
+
+    model = None
+    if args.config or args.overrides:  # read, not validated: a config that fails still reports
+        from .config_io import (
+            DEFAULT_CONFIG,
+            apply_overrides,
+            parse_yaml,
+            read_utf8,
+            resolve_config,
+        )
+
+        path = resolve_config(args.config) if args.config else DEFAULT_CONFIG
+        data = apply_overrides(parse_yaml(read_utf8(path), str(path)) or {}, args.overrides)
+        model = str((data.get("model") or {}).get("path", "digits"))
+    print(report(probe=not args.no_network, model=model))
+    return 0
+
+
 def cmd_sample(args: argparse.Namespace) -> int:
     from .tools import sample
 
@@ -224,6 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (repeatable)")
     p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("doctor", parents=[loud],
+                       help="versions, device, extras, hub access and plug-ins, for a bug report")
+    _config_args(p)
+    p.add_argument("--no-network", action="store_true",
+                   help="do not probe the hub (otherwise one short TCP connection)")
+    p.set_defaults(func=cmd_doctor)
     return parser
 
 
