@@ -5,8 +5,10 @@ the one-line errors of references that cannot be loaded."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,18 +24,11 @@ from flowgrpo.plugins import PluginError, registries
 from flowgrpo.registry import Registry, UnknownNameError
 from reward_models import REWARDS, Media
 
-# the README's custom reward, verbatim in spirit: 10 lines, no flowgrpo imports
-SHARPNESS = textwrap.dedent('''
-    """Sharper strokes score higher."""
-
-
-    def sharpness(media, prompts, metadata, scale: float = 1.0):
-        """Mean absolute difference between neighbouring pixels, one score per sample."""
-        grey = media.data.mean(dim=1)  # [B, H, W] in [0, 1]
-        across = (grey[:, :, 1:] - grey[:, :, :-1]).abs().mean(dim=(1, 2))
-        down = (grey[:, 1:, :] - grey[:, :-1, :]).abs().mean(dim=(1, 2))
-        return scale * (across + down)
-''')
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+# the README's custom reward and its YAML, as the README shows them
+SHARPNESS = re.search(r"```python\n# my_rewards.py\n(.*?)```", README, re.S).group(1)
+README_YAML = re.search(r"```yaml\n(reward:\n.*?)```", README, re.S).group(1)
 
 
 @pytest.fixture
@@ -110,6 +105,21 @@ def test_module_reference_and_dotted_attribute(clean_rewards, tmp_path, monkeypa
     out = reward(Media("image", torch.rand(3, 3, 8, 8)), ["a"] * 3, [{}] * 3)
     assert out.scores.tolist() == [0.0, 1.0, 2.0]
     assert REWARDS.origin("scoring_pkg:Holder.score") == "module scoring_pkg"
+
+
+def test_readme_reward_loads_from_readme_yaml(clean_rewards, reward_file, monkeypatch, tmp_path):
+    assert len(SHARPNESS.strip().splitlines()) <= 10
+    monkeypatch.chdir(reward_file.parent)
+    config_file = tmp_path / "readme.yaml"
+    config_file.write_text(README_YAML)
+    config = load_config(config_file)
+    assert config.reward.name == "my_rewards.py:sharpness" and config.reward.params == {
+        "scale": 2.0}
+    reward = reward_models.get(config.reward.name, **config.reward.params)
+    flat, lines = torch.full((1, 3, 8, 8), 0.5), torch.zeros(1, 3, 8, 8)
+    lines[..., ::2] = 1.0  # vertical stripes: every horizontal neighbour differs by 1
+    out = reward(Media("image", torch.cat([flat, lines])), ["a", "b"], [{}, {}]).scores
+    assert out.tolist() == [0.0, 2.0]
 
 
 def test_scoring_function_params_are_checked_and_applied(clean_rewards, reward_file):
@@ -358,3 +368,45 @@ def test_file_reward_from_yaml_equals_python_callable(tmp_path, reward_file, cle
     assert run.last_checkpoint == run.path / "checkpoints" / "step_3"
     assert run.config["reward"]["name"] == "my_rewards_api:sharpness"
     assert from_yaml.config["reward"]["name"] == f"{reward_file}:sharpness"
+
+
+@pytest.mark.slow
+def test_plugged_family_sampler_and_loss_train_the_toy(tmp_path, capsys):
+    """A family, a sampler and a loss from one user file compose through the unchanged trainer."""
+    path = tmp_path / "my_pieces.py"
+    path.write_text(textwrap.dedent("""
+        from flowgrpo.losses import clip_loss
+        from pipelines.sd3 import SD3Adapter
+        from samplers.sde import EulerMaruyamaSDE
+
+        CALLS = []
+
+        class MyFamily(SD3Adapter):
+            pass
+
+        class MySampler(EulerMaruyamaSDE):
+            pass
+
+        def my_loss(*args, **kwargs):
+            CALLS.append(1)
+            return clip_loss(*args, **kwargs)
+    """))
+    run = flowgrpo.train(None, model={"family": f"{path}:MyFamily", "path": "digits"},
+                         sampler={"name": f"{path}:MySampler", "num_steps": 4},
+                         train={"loss": f"{path}:my_loss", "group_size": 4, "batch_size": 8,
+                                "loss_params": {}},
+                         data={"eval_images_per_prompt": 1},
+                         run={"epochs": 1, "eval_every": 0, "progress": False,
+                              "tensorboard": False, "output_dir": str(tmp_path / "run")})
+    row = run.metrics[-1]
+    assert row["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # ratio 1 before the update
+    assert row["train/grad_norm"] > 0
+    module = next(m for name, m in sys.modules.items()
+                  if name.startswith("flowgrpo_plugin_my_pieces"))
+    assert module.CALLS  # the plugged loss ran
+    assert run.config["sampler"]["name"] == f"{path}:MySampler"
+    assert main(["list", str(tmp_path / "run" / "config.yaml")]) == 0
+    out = capsys.readouterr().out
+    for title, attribute in (("pipelines", "MyFamily"), ("samplers", "MySampler"),
+                             ("losses", "my_loss")):
+        assert f"  {title}: {path}:{attribute} <- file {path}" in out
