@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 from tqdm.auto import tqdm
 
+from . import console
 from .config import ConfigError
 from .config_io import (
     DEFAULT_CONFIG,
@@ -248,7 +249,8 @@ def ablate(config: str | None, grid_items: list[str], overrides: list[str], seed
           f"{len(todo)} to run, {parallel} at a time)", flush=True)
     threads = max(1, (os.cpu_count() or 1) // parallel)
     failures: list[str] = []
-    with ThreadPoolExecutor(parallel) as pool, tqdm(total=len(todo), disable=not progress,
+    with ThreadPoolExecutor(parallel) as pool, tqdm(total=len(todo),
+                                                    disable=not console.show_progress(progress),
                                                     desc="ablate", unit="run") as bar:
         for result in pool.map(lambda c: run_cell(c, threads), todo):
             if result:

@@ -94,8 +94,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows = [(title, [n for n, o in reg.origins().items() if o == BUILTIN])
             for title, reg in registries()]
     rows.insert(5, ("window strategies", list(samplers.window.STRATEGIES)))
+    print("built-in:")
     for title, names in rows:
-        print(f"{title}: {', '.join(names)}")
+        print(f"  {title}: {', '.join(names)}")
     plugins = plugged_in()
     print("plug-ins:" if plugins else "plug-ins: none (entry points, module:attribute or "
           "file.py:attribute references; see the README)")

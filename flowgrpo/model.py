@@ -29,6 +29,7 @@ import torch
 import pipelines
 from pipelines import FlowAdapter
 
+from . import console
 from .config import ConfigError, ModelConfig
 from .config_io import read_utf8
 
@@ -171,6 +172,7 @@ def load_adapter(cfg: ModelConfig, device: torch.device | str = "cpu") -> FlowAd
         options["width"] = cfg.width
     if cfg.family == "sd3" or cfg.negative_prompt:
         options.setdefault("negative_prompt", cfg.negative_prompt)
+    console.apply_to_libraries()  # the command's --quiet / --verbose, before the loading bars
     adapter = pipelines.load(cfg.family, resolve_path(cfg.path), torch_dtype=cfg.dtype, **options)
     adapter.to(device)
     for name in ("transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"):

@@ -1,9 +1,9 @@
 """Inference helpers behind ``flowgrpo sample`` and ``flowgrpo eval``.
 
-A trained run is loaded the way a diffusers user would: the base pipeline plus
-``pipeline.load_lora_weights(<checkpoint>/lora)`` (the adapter's ``load_lora``: families whose
-pipeline has no LoRA loader read the peft folder their ``save_lora`` wrote) or the fully
-fine-tuned ``transformer/``.
+A trained run is the base pipeline plus ``<checkpoint>/lora`` loaded by the adapter's
+``load_lora`` into the transformer it trained (the same folder loads with diffusers'
+``pipeline.load_lora_weights``; families whose pipeline has no LoRA loader read the peft folder
+their ``save_lora`` wrote), or the fully fine-tuned ``transformer/``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 
 import samplers
 
+from . import console
 from .config import Config
 from .config_io import load_config
 from .data import load_prompts
@@ -81,7 +82,7 @@ def sample(cfg: Config | None, run: str | None, prompts: list[str] | None, sampl
 
         images = media[:, 0] if adapter.modality == "video" else media
         save_image(images.float().cpu(), path, nrow=num, padding=1)
-    print(f"wrote {len(all_prompts)} samples to {path}")
+    console.note(f"wrote {len(all_prompts)} samples to {path}")
     return path
 
 

@@ -25,8 +25,8 @@ import samplers
 
 from . import advantages as adv_lib
 from . import checkpoint as ckpt
+from . import console, engines, objectives, pruning
 from . import credit as credit_lib
-from . import engines, objectives, pruning
 from . import resume as resume_lib
 from . import steps as steps_lib
 from .batch import RolloutBatch, chunks
@@ -458,7 +458,7 @@ class Trainer:
                 with self.calls.paused():
                     base_eval = self.evaluator.run(0)
                 self.tracker.log(0, base_eval)  # the base model's eval row (no rollout yet)
-            bar = tqdm(range(self.start_epoch, cfg.epochs), disable=not (
+            bar = tqdm(range(self.start_epoch, cfg.epochs), disable=not console.show_progress(
                 cfg.progress and self.acc.is_main_process), desc="flowgrpo", unit="epoch")
             row: dict = {}
             for epoch in bar:

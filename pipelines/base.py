@@ -181,9 +181,26 @@ class FlowAdapter(ABC):
             inject_lora(self.transformer, config, adapter_name)
 
     def load_lora(self, directory: str) -> None:
-        """Load a LoRA written by :meth:`save_lora` into this adapter's pipeline (diffusers'
-        ``load_lora_weights`` by default)."""
-        self.pipeline.load_lora_weights(directory)
+        """Load a LoRA written by :meth:`save_lora` into :attr:`transformer`, the component it
+        trained.
+
+        The transformer's diffusers ``load_lora_adapter`` reads the folder's ``transformer.``
+        weights and the ``LoraConfig`` stored with them (rank, alpha, targets), as the pipeline's
+        ``load_lora_weights`` does for its transformer, without also searching the text encoders
+        for weights a flowgrpo LoRA never holds. The folder stays a diffusers one:
+        ``pipeline.load_lora_weights(directory)`` loads the same LoRA. A transformer without
+        diffusers' peft mixin (no ``load_lora_adapter``) is loaded by the pipeline's
+        ``load_lora_weights``.
+        """
+        if not hasattr(self.transformer, "load_lora_adapter"):
+            self.pipeline.load_lora_weights(directory)
+            return
+        # what `load_lora_weights` passes: the safetensors file (without `use_safetensors` this
+        # method looks only for a pickled `.bin`), weights assigned instead of a random init (its
+        # default with the peft and transformers versions flowgrpo needs), and the pipeline, whose
+        # CPU offloading hooks are lifted while the LoRA is injected
+        self.transformer.load_lora_adapter(directory, prefix="transformer", use_safetensors=True,
+                                           low_cpu_mem_usage=True, _pipeline=self.pipeline)
 
     def position_weights(self, regions: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
         """Map region scores ``[B, h, w]`` on the image grid onto the latent grid.

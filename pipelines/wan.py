@@ -249,18 +249,20 @@ class WanAdapter(FlowAdapter):
             (Path(directory) / LORA_EXPERT_FILE).write_text(json.dumps(note, indent=2))
 
     def load_lora(self, directory: str) -> None:
-        """``load_lora_weights`` into the trained expert (``load_into_transformer_2`` for the
-        low-noise one); refuses a folder written for the other expert."""
+        """Load the LoRA into the trained expert, :attr:`transformer` (the low-noise one is
+        ``transformer_2``, which ``load_lora_weights`` reaches with
+        ``load_into_transformer_2=True``); refuses a folder written for the other expert."""
         note = Path(directory) / LORA_EXPERT_FILE
         if note.is_file():
             expert = json.loads(note.read_text()).get("expert")
             if expert != self.lora_expert:
                 raise ValueError(f"wan: {directory} holds a LoRA of the {expert}-noise expert; "
                                  f"set lora_expert: {expert}")
-        if self.lora_expert == "low":
-            self.pipeline.load_lora_weights(directory, load_into_transformer_2=True)
+        if hasattr(self.transformer, "load_lora_adapter"):
+            super().load_lora(directory)
         else:
-            self.pipeline.load_lora_weights(directory)
+            self.pipeline.load_lora_weights(directory,
+                                            load_into_transformer_2=self.lora_expert == "low")
 
     def position_weights(self, regions: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
         """Region scores ``[B, h, w]`` on the frame grid -> ``[B, 1, 1, h', w']``.
