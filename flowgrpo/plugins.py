@@ -5,8 +5,8 @@ Every registry (rewards, families, samplers, losses, advantages, objectives, ste
 credits, enhancers, ...) takes, wherever a config names one of its pieces, either a registered
 name or a **reference**:
 
-- ``package.module:attribute``: imported like any module (it must be importable: installed, or on
-  ``PYTHONPATH``);
+- ``package.module:attribute``: imported like any module (installed, on ``PYTHONPATH``, or in the
+  current folder);
 - ``path/to/file.py:attribute``: the file is run as a module of its own (a relative path starts at
   the current folder); ``attribute`` may be dotted (``Class.factory``).
 
@@ -195,6 +195,10 @@ def _is_file(target: str) -> bool:
 
 
 def _import_module(name: str, label: str) -> Any:
+    """Import module ``name``; the current folder is searched too (last, so it never shadows an
+    installed package), as ``python -m`` would, since the ``flowgrpo`` script does not."""
+    if not any(Path(p or ".").resolve() == Path.cwd().resolve() for p in sys.path):
+        sys.path.append(str(Path.cwd()))
     try:
         return importlib.import_module(name)
     except Exception as err:

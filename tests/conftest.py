@@ -36,6 +36,25 @@ def register_brightness() -> str:
     return "brightness_test"
 
 
+def write_tiny_config(folder, model_dir: str, reward: str, **run) -> str:
+    """A YAML config of a tiny run in ``folder`` (LoRA rank 4, groups of 4, 8 samples, 4 steps,
+    one eval image per prompt, no progress bar, run folder ``folder/run``); ``run`` overrides
+    the run section. Returns its path."""
+    import yaml
+
+    cfg = {
+        "model": {"path": model_dir, "lora_rank": 4, "lora_alpha": 4},
+        "reward": {"name": reward},
+        "data": {"eval_images_per_prompt": 1},
+        "train": {"group_size": 4, "batch_size": 8},
+        "sampler": {"num_steps": 4},
+        "run": {"epochs": 2, "progress": False, "output_dir": str(folder / "run"), **run},
+    }
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
 @pytest.fixture
 def brightness_reward():
     """``brightness_test`` registered for the duration of a test."""
@@ -43,3 +62,14 @@ def brightness_reward():
 
     yield register_brightness()
     REWARDS._items.pop("brightness_test")
+
+
+@pytest.fixture(autouse=True)
+def reset_console():
+    """A test that runs the ``flowgrpo`` command (which sets the console level, its log filters
+    and the libraries' bars) leaves the next test the process as it was."""
+    yield
+    from flowgrpo import console
+
+    if console._configured:
+        console.reset()

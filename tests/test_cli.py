@@ -2,24 +2,15 @@
 
 import pytest
 import yaml
+from conftest import write_tiny_config
 
 from flowgrpo.cli import main
 
 
 @pytest.fixture
 def tiny_config(tiny_sd3_dir, tmp_path, brightness_reward):
-    cfg = {
-        "model": {"path": tiny_sd3_dir, "lora_rank": 4, "lora_alpha": 4},
-        "reward": {"name": brightness_reward},
-        "data": {"eval_images_per_prompt": 1},
-        "train": {"group_size": 4, "batch_size": 8},
-        "sampler": {"num_steps": 4},
-        "run": {"epochs": 2, "eval_every": 1, "save_every": 1, "progress": False,
-                "output_dir": str(tmp_path / "run")},
-    }
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return write_tiny_config(tmp_path, tiny_sd3_dir, brightness_reward, eval_every=1,
+                             save_every=1)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from conftest import write_tiny_config
 
 from flowgrpo import console
 
@@ -248,17 +248,8 @@ def tiny_run(tiny_sd3_dir, tmp_path, brightness_reward):
     """A tiny trained run (2 epochs, LoRA rank 4) and its config file."""
     from flowgrpo.cli import main
 
-    cfg = {
-        "model": {"path": tiny_sd3_dir, "lora_rank": 4, "lora_alpha": 4},
-        "reward": {"name": brightness_reward},
-        "data": {"eval_images_per_prompt": 1},
-        "train": {"group_size": 4, "batch_size": 8},
-        "sampler": {"num_steps": 4},
-        "run": {"epochs": 2, "eval_every": 0, "save_every": 2, "progress": False,
-                "tensorboard": False, "output_dir": str(tmp_path / "run")},
-    }
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = write_tiny_config(tmp_path, tiny_sd3_dir, brightness_reward, eval_every=0,
+                             save_every=2, tensorboard=False)
     assert main(["train", str(path)]) == 0
     return tmp_path / "run", path
 

@@ -122,6 +122,17 @@ def test_readme_reward_loads_from_readme_yaml(clean_rewards, reward_file, monkey
     assert out.tolist() == [0.0, 2.0]
 
 
+def test_module_reference_from_the_current_folder(clean_rewards, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".")])
+    (tmp_path / "folder_rewards.py").write_text(
+        "def score(media, prompts, metadata):\n    return [0.5] * len(prompts)\n")
+    monkeypatch.chdir(tmp_path)
+    out = reward_models.get("folder_rewards:score")(Media("image", torch.rand(1, 3, 4, 4)), ["a"],
+                                                    [{}])
+    assert out.scores.tolist() == [0.5] and sys.path[-1] == str(tmp_path)
+    sys.modules.pop("folder_rewards")
+
+
 def test_scoring_function_params_are_checked_and_applied(clean_rewards, reward_file):
     reference = f"{reward_file}:sharpness"
     media = Media("image", torch.rand(4, 3, 8, 8))
@@ -367,6 +378,8 @@ def test_file_reward_from_yaml_equals_python_callable(tmp_path, reward_file, cle
     assert [row["step"] for row in run.evals] == [0, 3]
     assert run.last_checkpoint == run.path / "checkpoints" / "step_3"
     assert run.config["reward"]["name"] == "my_rewards_api:sharpness"
+    trained = run.load()  # the base pipeline with the last checkpoint's LoRA
+    assert any("lora_" in name for name, _ in trained.transformer.named_parameters())
     assert from_yaml.config["reward"]["name"] == f"{reward_file}:sharpness"
 
 
