@@ -35,11 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError
-
-BUILTIN_PACKAGES = ("flowgrpo", "samplers", "reward_models", "pipelines")
-"""Top-level packages whose registrations count as built-in."""
-
-BUILTIN = "built-in"
+from .registry import BUILTIN
 
 GROUPS = {
     "reward": "rewards",
@@ -65,31 +61,9 @@ class PluginError(ConfigError):
     """A reference or an entry point that cannot be loaded (one line: what, where, why)."""
 
 
-def is_reference(name: object) -> bool:
-    """Whether a registry name is a ``module:attribute`` or ``file.py:attribute`` reference."""
-    return isinstance(name, str) and ":" in name
-
-
-def short_name(name: str) -> str:
-    """The attribute of a reference (``my_rewards.py:sharpness`` -> ``sharpness``), else
-    ``name``: how metrics and tables name a plugged-in piece (a callable added from Python,
-    ``module:outer.<locals>.fn@7f..``, is ``fn``)."""
-    if not is_reference(name):
-        return name
-    return name.rpartition(":")[2].partition("@")[0].rpartition(".")[2]
-
-
 def entry_point_group(kind: str) -> str:
     """The entry-point group of a registry kind (``reward`` -> ``flowgrpo.rewards``)."""
     return f"flowgrpo.{GROUPS.get(kind, kind.replace(' ', '_') + 's')}"
-
-
-def origin_of(obj: Any) -> str:
-    """``built-in`` for objects defined in flowgrpo's packages, else ``python (<module>)``."""
-    module = getattr(obj, "__module__", None) or ""
-    if module.partition(".")[0] in BUILTIN_PACKAGES:
-        return BUILTIN
-    return f"python ({module or 'unknown module'})"
 
 
 def registries() -> list[tuple[str, Any]]:

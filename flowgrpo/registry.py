@@ -17,6 +17,33 @@ from typing import Any, Generic, TypeVar
 T = TypeVar("T")
 
 
+BUILTIN = "built-in"
+BUILTIN_PACKAGES = ("flowgrpo", "samplers", "reward_models", "pipelines")
+"""Top-level packages whose registrations count as built-in."""
+
+
+def is_reference(name: object) -> bool:
+    """Whether a registry name is a ``module:attribute`` or ``file.py:attribute`` reference."""
+    return isinstance(name, str) and ":" in name
+
+
+def short_name(name: str) -> str:
+    """The attribute of a reference (``my_rewards.py:sharpness`` -> ``sharpness``), else
+    ``name``: how metrics and tables name a plugged-in piece (a callable added from Python,
+    ``module:outer.<locals>.fn@7f..``, is ``fn``)."""
+    if not is_reference(name):
+        return name
+    return name.rpartition(":")[2].partition("@")[0].rpartition(".")[2]
+
+
+def origin_of(obj: Any) -> str:
+    """``built-in`` for objects defined in flowgrpo's packages, else ``python (<module>)``."""
+    module = getattr(obj, "__module__", None) or ""
+    if module.partition(".")[0] in BUILTIN_PACKAGES:
+        return BUILTIN
+    return f"python ({module or 'unknown module'})"
+
+
 class UnknownNameError(ValueError):
     """Raised when a registry is asked for a name it does not hold."""
 
@@ -45,7 +72,6 @@ class Registry(Generic[T]):
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator that registers ``obj`` under ``name``; registering a name twice is an error."""
-        from .plugins import origin_of
 
         def decorator(obj: T) -> T:
             if name in self._items:
@@ -60,8 +86,6 @@ class Registry(Generic[T]):
         """Register ``obj`` from Python code (adapted like a plug-in) and return its name:
         ``name``, else ``<module>:<qualified name>``. Adding again under the same name replaces
         an earlier :meth:`add` (a redefined function in a notebook), never a built-in."""
-        from .plugins import BUILTIN, origin_of
-
         if name is None:
             qualname = getattr(obj, "__qualname__", None) or type(obj).__qualname__
             name = f"{getattr(obj, '__module__', None) or 'python'}:{qualname}"
@@ -81,7 +105,7 @@ class Registry(Generic[T]):
             UnknownNameError: an unknown name (the message lists the valid names).
             flowgrpo.plugins.PluginError: a reference or entry point that cannot be imported.
         """
-        from .plugins import is_reference, load_entry_point, load_reference
+        from .plugins import load_entry_point, load_reference
 
         if name in self._items and not self._origins.get(name, "").startswith("file "):
             return self._items[name]
@@ -103,8 +127,9 @@ class Registry(Generic[T]):
         )
 
     def names(self) -> list[str]:
-        """Registered names, sorted (entry points included, not yet imported)."""
-        return sorted(set(self._items) | set(self._pending()))
+        """Registered names, sorted: the built-ins, Python registrations and entry points (not
+        yet imported); references resolved so far are in :meth:`origins`, not here."""
+        return sorted({n for n in self._items if not is_reference(n)} | set(self._pending()))
 
     def origin(self, name: str) -> str:
         """Where ``name`` comes from (``built-in``, ``entry point <dist> <version> (<value>)``,
@@ -118,8 +143,8 @@ class Registry(Generic[T]):
         return self._origins[name]
 
     def origins(self) -> dict[str, str]:
-        """``{name: origin}`` of every name, sorted by name."""
-        return {name: self.origin(name) for name in self.names()}
+        """``{name: origin}`` of every name and every reference resolved so far, sorted."""
+        return {name: self.origin(name) for name in sorted({*self.names(), *self._items})}
 
     def rescan(self) -> None:
         """Read the installed entry points again (a distribution installed since)."""

@@ -26,8 +26,7 @@ from typing import Any
 
 import torch
 
-from flowgrpo.plugins import short_name
-from flowgrpo.registry import Registry
+from flowgrpo.registry import Registry, short_name
 
 from .base import Reward, RewardOutput, get, register
 from .media import Media

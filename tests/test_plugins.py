@@ -31,22 +31,24 @@ SHARPNESS = re.search(r"```python\n# my_rewards.py\n(.*?)```", README, re.S).gro
 README_YAML = re.search(r"```yaml\n(reward:\n.*?)```", README, re.S).group(1)
 
 
+@pytest.fixture(autouse=True)
+def restore_registries():
+    """Every registry as it was before the test (references resolved, callables added)."""
+    saved = [(reg, dict(reg._items), dict(reg._origins)) for _, reg in registries()]
+    yield
+    for reg, items, origins in saved:
+        reg._items.clear()
+        reg._items.update(items)
+        reg._origins.clear()
+        reg._origins.update(origins)
+        reg.rescan()
+
+
 @pytest.fixture
 def reward_file(tmp_path):
     path = tmp_path / "my_rewards.py"
     path.write_text(SHARPNESS)
     return path
-
-
-@pytest.fixture
-def clean_rewards():
-    """Forget the rewards a test adds (references, Python callables, entry points)."""
-    before = dict(REWARDS._items)
-    yield
-    for name in set(REWARDS._items) - set(before):
-        REWARDS._items.pop(name)
-        REWARDS._origins.pop(name, None)
-    REWARDS.rescan()
 
 
 def _import(path, name):
@@ -89,11 +91,10 @@ def test_every_registry_takes_a_file_reference(tmp_path, key, registry_title, bu
     assert getattr(getattr(config, section), field) == reference
     assert registry.get(reference) is obj
     assert registry.origin(reference) == f"file {tmp_path / reference.split(':')[0].split('/')[-1]}"
-    registry._items.pop(reference)
-    registry._origins.pop(reference)
+    assert reference not in registry.names()  # a reference is not a name
 
 
-def test_module_reference_and_dotted_attribute(clean_rewards, tmp_path, monkeypatch):
+def test_module_reference_and_dotted_attribute(tmp_path, monkeypatch):
     (tmp_path / "scoring_pkg").mkdir()
     (tmp_path / "scoring_pkg" / "__init__.py").write_text(
         "class Holder:\n"
@@ -107,7 +108,7 @@ def test_module_reference_and_dotted_attribute(clean_rewards, tmp_path, monkeypa
     assert REWARDS.origin("scoring_pkg:Holder.score") == "module scoring_pkg"
 
 
-def test_readme_reward_loads_from_readme_yaml(clean_rewards, reward_file, monkeypatch, tmp_path):
+def test_readme_reward_loads_from_readme_yaml(reward_file, monkeypatch, tmp_path):
     assert len(SHARPNESS.strip().splitlines()) <= 10
     monkeypatch.chdir(reward_file.parent)
     config_file = tmp_path / "readme.yaml"
@@ -122,7 +123,7 @@ def test_readme_reward_loads_from_readme_yaml(clean_rewards, reward_file, monkey
     assert out.tolist() == [0.0, 2.0]
 
 
-def test_module_reference_from_the_current_folder(clean_rewards, tmp_path, monkeypatch):
+def test_module_reference_from_the_current_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".")])
     (tmp_path / "folder_rewards.py").write_text(
         "def score(media, prompts, metadata):\n    return [0.5] * len(prompts)\n")
@@ -133,7 +134,7 @@ def test_module_reference_from_the_current_folder(clean_rewards, tmp_path, monke
     sys.modules.pop("folder_rewards")
 
 
-def test_scoring_function_params_are_checked_and_applied(clean_rewards, reward_file):
+def test_scoring_function_params_are_checked_and_applied(reward_file):
     reference = f"{reward_file}:sharpness"
     media = Media("image", torch.rand(4, 3, 8, 8))
     once = reward_models.get(reference)(media, ["p"] * 4, [{}] * 4).scores
@@ -144,7 +145,7 @@ def test_scoring_function_params_are_checked_and_applied(clean_rewards, reward_f
         load_config(None, [f"reward.name={reference}", "reward.params={scal: 2}"])
 
 
-def test_a_reward_class_is_a_factory(clean_rewards, tmp_path):
+def test_a_reward_class_is_a_factory(tmp_path):
     path = tmp_path / "classy.py"
     path.write_text(textwrap.dedent("""
         import torch
@@ -162,7 +163,7 @@ def test_a_reward_class_is_a_factory(clean_rewards, tmp_path):
     assert out.scores.tolist() == [0.25, 0.25]
 
 
-def test_a_changed_file_is_read_again(clean_rewards, tmp_path):
+def test_a_changed_file_is_read_again(tmp_path):
     path = tmp_path / "changing.py"
     path.write_text("def score(media, prompts, metadata):\n    return [1.0] * len(prompts)\n")
     media = Media("image", torch.rand(2, 3, 4, 4))
@@ -174,7 +175,7 @@ def test_a_changed_file_is_read_again(clean_rewards, tmp_path):
     assert reward_models.get(f"{path}:score")(media, ["a"] * 2, [{}] * 2).scores.tolist() == [2, 2]
 
 
-def test_a_file_imports_its_neighbours(clean_rewards, tmp_path):
+def test_a_file_imports_its_neighbours(tmp_path):
     (tmp_path / "helpers_for_reward.py").write_text("FACTOR = 3.0\n")
     path = tmp_path / "uses_helper.py"
     path.write_text("from helpers_for_reward import FACTOR\n\n"
@@ -233,7 +234,7 @@ def test_an_unknown_name_mentions_references():
 
 # ------------------------------------------------------------------ entry points
 @pytest.fixture
-def fake_distribution(tmp_path, monkeypatch, clean_rewards):
+def fake_distribution(tmp_path, monkeypatch):
     """A distribution ``fake-rewards 0.3`` on ``sys.path`` whose entry points register the
     reward ``fake_sharpness`` (and a broken one, ``fake_broken``)."""
     site = tmp_path / "site"
@@ -326,7 +327,7 @@ def test_python_api_builds_configs_from_keywords():
         flowgrpo.load_config(run={"epoch": 3})
 
 
-def test_python_api_reward_callables_become_the_config_reward(clean_rewards, reward_file):
+def test_python_api_reward_callables_become_the_config_reward(reward_file):
     from flowgrpo.api import with_reward
 
     sharpness = _import(reward_file, "api_rewards").sharpness
@@ -352,7 +353,7 @@ def test_python_api_reward_callables_become_the_config_reward(clean_rewards, rew
 
 
 @pytest.mark.slow
-def test_file_reward_from_yaml_equals_python_callable(tmp_path, reward_file, clean_rewards):
+def test_file_reward_from_yaml_equals_python_callable(tmp_path, reward_file):
     """The same reward, from YAML by file reference and from Python as a callable: identical
     metrics on the shipped toy."""
     small = {"train": {"group_size": 4, "batch_size": 8, "lr": 1e-3},
