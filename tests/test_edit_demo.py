@@ -61,7 +61,8 @@ def test_each_region_cell_reaches_only_its_own_output_tokens(tmp_path):
 @pytest.mark.slow
 def test_the_edit_demo_raises_its_eval_reward(tmp_path):
     out = tmp_path / "run"
-    assert main(["train", str(CONFIG), "--set", "run.epochs=50", "--set", "run.eval_every=50",
+    # measured (eval every 10 epochs): 0.666, 0.675, 0.685, 0.698, 0.711 at epoch 40, 0.710
+    assert main(["train", str(CONFIG), "--set", "run.epochs=40", "--set", "run.eval_every=40",
                  "--set", f"run.output_dir={out}", "--set", "run.progress=false",
                  "--set", "run.tensorboard=false"]) == 0
     evals = [r["eval/reward"] for r in read_metrics(out) if "eval/reward" in r]
