@@ -93,8 +93,7 @@ class Registry(Generic[T]):
                 name = f"{name}@{id(obj):x}"
         if self._origins.get(name) == BUILTIN:
             raise ValueError(f"{self.kind} {name!r} is built in and cannot be replaced")
-        self._items[name] = self.adapt(obj) if self.adapt else obj
-        self._origins[name] = origin_of(obj)
+        self._store(name, obj, origin_of(obj))
         return name
 
     def get(self, name: str) -> T:
@@ -105,26 +104,28 @@ class Registry(Generic[T]):
             UnknownNameError: an unknown name (the message lists the valid names).
             flowgrpo.plugins.PluginError: a reference or entry point that cannot be imported.
         """
-        from .plugins import load_entry_point, load_reference
-
         if name in self._items and not self._origins.get(name, "").startswith("file "):
             return self._items[name]
         if is_reference(name):  # a file reference is looked at again: a changed file is re-read
-            obj, origin = load_reference(name, self.kind)
-            self._items[name] = self.adapt(obj) if self.adapt else obj
-            self._origins[name] = origin
-            return self._items[name]
+            from .plugins import load_reference
+
+            return self._store(name, *load_reference(name, self.kind))
         pending = self._pending()
         if isinstance(name, str) and name in pending:
+            from .plugins import load_entry_point
+
             entry, origin = pending[name]
-            obj = load_entry_point(entry, self.kind)
-            self._items[name] = self.adapt(obj) if self.adapt else obj
-            self._origins[name] = origin
-            return self._items[name]
+            return self._store(name, load_entry_point(entry, self.kind), origin)
         raise UnknownNameError(
             f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())} (or a "
             "module:attribute or path/to/file.py:attribute reference)"
         )
+
+    def _store(self, name: str, obj: Any, origin: str) -> T:
+        """Keep a plugged-in ``obj`` (adapted) under ``name`` with its origin; returns it."""
+        self._items[name] = self.adapt(obj) if self.adapt else obj
+        self._origins[name] = origin
+        return self._items[name]
 
     def names(self) -> list[str]:
         """Registered names, sorted: the built-ins, Python registrations and entry points (not
