@@ -209,6 +209,7 @@ def run_cell(cell: Cell, threads: int) -> str | None:
     if cell.done:
         return None
     cmd = [sys.executable, "-m", "flowgrpo.cli", "train", str(cell.config_file)]
+    cmd += {console.QUIET: ["--quiet"], console.VERBOSE: ["--verbose"]}.get(console.level(), [])
     if latest_checkpoint(cell.folder) is not None:
         cmd += ["--resume", "auto"]
     elif cell.folder.is_dir() and holds_run(cell.folder):

@@ -170,7 +170,7 @@ def load_adapter(cfg: ModelConfig, device: torch.device | str = "cpu") -> FlowAd
         options["height"] = cfg.height
     if cfg.width:
         options["width"] = cfg.width
-    if cfg.family == "sd3" or cfg.negative_prompt:
+    if cfg.negative_prompt:  # else each family's own default (sd3: "")
         options.setdefault("negative_prompt", cfg.negative_prompt)
     console.apply_to_libraries()  # the command's --quiet / --verbose, before the loading bars
     adapter = pipelines.load(cfg.family, resolve_path(cfg.path), torch_dtype=cfg.dtype, **options)

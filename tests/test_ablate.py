@@ -104,3 +104,24 @@ def test_a_config_error_in_a_preset_file_names_the_preset(tmp_path):
     with pytest.raises(ConfigError, match="cell method=broken: train.loss_params: .*bogus"):
         ablate_lib.plan(None, {"method": ["broken"]}, TINY, 1, tmp_path,
                         ablate_lib.load_presets(presets))
+
+
+@pytest.mark.parametrize("level, flags", [("QUIET", ["--quiet"]), ("NORMAL", []),
+                                          ("VERBOSE", ["--verbose"])])
+def test_a_cell_runs_at_the_command_s_console_level(tmp_path, monkeypatch, level, flags):
+    import subprocess
+
+    from flowgrpo import ablate as ablate_lib
+    from flowgrpo import console
+
+    seen = []
+
+    def fake_run(cmd, **kwargs):
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(ablate_lib.subprocess, "run", fake_run)
+    console.configure(getattr(console, level))
+    cell = ablate_lib.Cell("c", {}, 0, tmp_path / "cell" / "s0")
+    assert ablate_lib.run_cell(cell, threads=1) is None
+    assert seen[0][-len(flags) - 1:] == [str(cell.config_file), *flags]
