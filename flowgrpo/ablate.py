@@ -47,8 +47,8 @@ from .config_io import (
     apply_overrides,
     from_dict,
     parse_yaml,
+    read_config,
     read_utf8,
-    resolve_config,
     to_yaml,
 )
 from .errors import RunError
@@ -154,11 +154,7 @@ def cell_name(values: dict[str, Any]) -> str:
 def plan(config: str | None, grid: dict[str, list[Any]], overrides: list[str], seeds: int,
          out: Path, presets: dict[str, dict[str, Any]]) -> list[Cell]:
     """Every cell and seed, each config resolved and validated now (nothing runs yet)."""
-    path = resolve_config(config) if config else DEFAULT_CONFIG
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    base = parse_yaml(read_utf8(path), str(path)) or {}
-    apply_overrides(base, overrides)
+    base = apply_overrides(read_config(config), overrides)
     if METHOD in grid:
         unknown = [v for v in grid[METHOD] if v not in presets]
         if unknown:

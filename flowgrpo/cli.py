@@ -110,16 +110,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     model = None
     if args.config or args.overrides:  # read, not validated: a config that fails still reports
-        from .config_io import (
-            DEFAULT_CONFIG,
-            apply_overrides,
-            parse_yaml,
-            read_utf8,
-            resolve_config,
-        )
+        from .config_io import apply_overrides, read_config
 
-        path = resolve_config(args.config) if args.config else DEFAULT_CONFIG
-        data = apply_overrides(parse_yaml(read_utf8(path), str(path)) or {}, args.overrides)
+        data = apply_overrides(read_config(args.config), args.overrides)
         model = str((data.get("model") or {}).get("path", "digits"))
     print(report(probe=not args.no_network, model=model))
     return 0

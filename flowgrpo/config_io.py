@@ -287,6 +287,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         sections: keyword overrides per section, merged into the file's values before
             ``overrides``: ``load_config(run={"epochs": 5}, train={"lr": 1e-4})``.
     """
+    data = merge_sections(read_config(path), sections)
+    return from_dict(apply_overrides(data, overrides or []))
+
+
+def read_config(path: str | Path | None = None) -> dict:
+    """The sections of a YAML config file as read, not yet validated (default: the CPU digits
+    job; a shipped recipe also by name, :func:`resolve_config`)."""
     path = resolve_config(path) if path else DEFAULT_CONFIG
     if path.is_dir():
         raise ConfigError(f"config file {path} is a folder; pass a .yaml file")
@@ -295,7 +302,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data = parse_yaml(read_utf8(path), str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    return from_dict(apply_overrides(merge_sections(data, sections), overrides or []))
+    return data
 
 
 def merge_sections(data: dict, sections: dict) -> dict:
