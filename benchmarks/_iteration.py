@@ -2,9 +2,9 @@
 
 Used by ``overhead.py``, ``step_selection.py``, ``objectives.py`` and ``lora_toggle.py``.
 
-Every benchmark here runs real GRPO iterations of :class:`flowgrpo.trainer.Trainer` (the four
-phases of ``Trainer.epoch``: ``sample``, ``views.extend``, ``advantages``, ``update``, then
-``calls.take``) on two models:
+Every benchmark here runs real GRPO iterations of
+:class:`flowgrpo.training.trainer.Trainer` (the four phases of ``Trainer.epoch``: ``sample``,
+``views.extend``, ``advantages``, ``update``, then ``calls.take``) on two models:
 
 - ``toy``: the shipped default job (``configs/digits.yaml``: the digits model, ``sde`` sampler,
   groups of 8, batch 64, LoRA r=16, ``beta`` 0.01, no CFG);
@@ -99,10 +99,10 @@ def model_overrides(model: str, sd3_path: str | None) -> list[str]:
 
 
 def build_trainer(overrides: list[str], output_dir: str) -> Any:
-    """A :class:`~flowgrpo.trainer.Trainer` of the default config with ``overrides``, writing
-    only into ``output_dir`` (no TensorBoard, no progress bar, no eval, no checkpoints)."""
-    from flowgrpo.config_io import load_config
-    from flowgrpo.trainer import Trainer
+    """A :class:`~flowgrpo.training.trainer.Trainer` of the default config with ``overrides``,
+    writing only into ``output_dir`` (no TensorBoard, no progress bar, no eval, no checkpoints)."""
+    from flowgrpo.config.io import load_config
+    from flowgrpo.training.trainer import Trainer
 
     cfg = load_config(None, [*RUN, f"run.output_dir={output_dir}", *overrides])
     with redirect_stdout(io.StringIO()):  # the trainer's one-line banner

@@ -1,6 +1,6 @@
 """What switching the LoRA off and on for a reference call costs, and what it could cost.
 
-``flowgrpo.model.reference`` runs the reference (base) model with the LoRA switched off; the
+``flowgrpo.rl.reference.reference`` runs the reference (base) model with the LoRA switched off; the
 ``ratio`` objective does this once per trained step and minibatch when ``train.beta > 0``
 (``benchmarks/overhead.py`` shows it as ``reference (LoRA off/on)``). Timed here, per use (entry
 + exit), on the toy's and the tiny SD3's transformer with the run's LoRA:
@@ -46,7 +46,8 @@ def variants(trainer) -> dict[str, Callable[[], None]]:
     from diffusers.loaders.peft import MIN_PEFT_VERSION
     from diffusers.utils.peft_utils import check_peft_version
 
-    from flowgrpo.model import lora_layers, reference, unwrap
+    from flowgrpo.distributed import unwrap
+    from flowgrpo.rl.reference import lora_layers, reference
 
     model = unwrap(trainer.adapter.transformer)
     layers = lora_layers(model)  # the ones reference() switches
@@ -74,7 +75,7 @@ def variants(trainer) -> dict[str, Callable[[], None]]:
 
 
 def run(model: str, path: str | None, repeats: int, rounds: int) -> None:
-    from flowgrpo.model import unwrap
+    from flowgrpo.distributed import unwrap
 
     with tempfile.TemporaryDirectory(prefix="flowgrpo-bench-") as tmp:
         trainer = build_trainer(model_overrides(model, path), tmp)

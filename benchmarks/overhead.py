@@ -4,7 +4,8 @@ An iteration is the work of ``Trainer.epoch`` (without logging): ``trainer.sampl
 encodings, rollout, decode, reward), ``views.extend``, ``trainer.advantages`` and
 ``trainer.update``, then ``calls.take``. The **floor** is the same transformer calls alone:
 every call of the iteration replayed on the trainer's own transformer (LoRA on, the reference
-ones with the LoRA off, exactly as ``flowgrpo.model.reference`` does) with the very inputs the
+ones with the LoRA off, exactly as ``flowgrpo.rl.reference.reference`` does)
+with the very inputs the
 iteration gave it (captured in the last warm-up iteration): the rollout's forwards without
 gradient (same batch, same number of steps, the CFG batch doubled when there is CFG), the
 reference and recompute forwards without gradient, and each training forward followed by a
@@ -46,7 +47,7 @@ from typing import Any
 
 import torch
 
-from flowgrpo.calls import _rows  # rows counted exactly as calls/* counts them
+from flowgrpo.training.calls import _rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _iteration import (  # noqa: E402
@@ -221,9 +222,11 @@ def instrument(trainer: Any, clock: Clock) -> TransformerProbe:
     """Time the trainer's phases and the functions they call (see the module docstring)."""
     import pipelines.base
     import samplers
-    from flowgrpo import advantages, batch, grpo, likelihood_free, objectives, rollout
-    from flowgrpo import trainer as trainer_module
-    from flowgrpo.model import unwrap
+    from flowgrpo.distributed import unwrap
+    from flowgrpo.rl import advantages, batch, objectives, rollout
+    from flowgrpo.rl import replay as grpo
+    from flowgrpo.rl.objectives import likelihood_free
+    from flowgrpo.training import trainer as trainer_module
 
     adapter = trainer.adapter
     wraps: list[tuple[Any, str, str]] = [
@@ -274,7 +277,8 @@ def instrument(trainer: Any, clock: Clock) -> TransformerProbe:
 
 def floor(trainer: Any, calls: list[Call], clock: Clock) -> dict[str, float]:
     """Seconds of the captured calls replayed alone, by kind; grads are cleared after."""
-    from flowgrpo.model import reference, unwrap
+    from flowgrpo.distributed import unwrap
+    from flowgrpo.rl.reference import reference
 
     transformer = unwrap(trainer.adapter.transformer)
     out = dict.fromkeys(TRANSFORMER, 0.0)

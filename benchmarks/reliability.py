@@ -59,9 +59,9 @@ def processes(epochs: int) -> None:
 
 
 def checkpoint_cost(name: str, overrides: list[str], repeats: int) -> None:
-    from flowgrpo import checkpoint as ckpt
-    from flowgrpo.config_io import load_config
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.config.io import load_config
+    from flowgrpo.run import checkpoint as ckpt
+    from flowgrpo.training.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
         t = Trainer(load_config(None, [*TOY, f"run.output_dir={tmp}", "run.keep_checkpoints=1",

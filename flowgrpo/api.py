@@ -11,8 +11,8 @@
     run = flowgrpo.train(config, reward_funcs=brightness)
     print(run.evals[-1]["eval/reward"], run.last_checkpoint)
 
-:func:`train` runs the same :class:`~flowgrpo.trainer.Trainer` as ``flowgrpo train``; a reward
-callable is registered under its ``module:qualified name`` (see
+:func:`train` runs the same :class:`~flowgrpo.training.trainer.Trainer` as ``flowgrpo train``;
+a reward callable is registered under its ``module:qualified name`` (see
 :meth:`flowgrpo.registry.Registry.add`), which is what the run's ``config.yaml`` records.
 """
 
@@ -25,8 +25,9 @@ from typing import Any
 
 import yaml
 
-from .config import Config, ConfigError
-from .config_io import from_dict, load_config, merge_sections, to_dict
+from flowgrpo.config.io import from_dict, load_config, merge_sections, to_dict
+from flowgrpo.config.schema import Config
+from flowgrpo.errors import ConfigError
 
 __all__ = ["Run", "load_config", "train"]
 
@@ -51,7 +52,7 @@ def train(config: Config | str | Path | None = None, *,
         sections: keyword overrides per section, e.g. ``run={"epochs": 5}`` (``reward={...}``
             sets the reward section by name and params, as YAML does).
     """
-    from .trainer import Trainer
+    from flowgrpo.training.trainer import Trainer
 
     if isinstance(config, Config):
         config = from_dict(merge_sections(to_dict(config), sections)) if sections else config
@@ -111,7 +112,7 @@ class Run:
     def metrics(self) -> list[dict]:
         """Every row of ``metrics.jsonl``: one per epoch (``step``, ``reward/mean``, ``kl``, ...),
         eval rows included."""
-        from .tracking import read_metrics
+        from flowgrpo.run.tracking import read_metrics
 
         return read_metrics(self.path) if (self.path / "metrics.jsonl").is_file() else []
 
@@ -124,7 +125,7 @@ class Run:
     @property
     def checkpoints(self) -> list[Path]:
         """The checkpoint folders, oldest first."""
-        from .checkpoint import checkpoint_dirs
+        from flowgrpo.run.checkpoint import checkpoint_dirs
 
         return checkpoint_dirs(self.path)
 
@@ -143,6 +144,6 @@ class Run:
     def load(self, device: str = "cpu") -> Any:
         """The trained model: the base pipeline's adapter with the last checkpoint's LoRA (or
         fine-tuned weights); ``.pipeline`` is the diffusers pipeline."""
-        from .tools import load_trained
+        from flowgrpo.cli.inference import load_trained
 
         return load_trained(load_config(self.path / "config.yaml"), str(self.path), device)

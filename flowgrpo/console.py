@@ -12,9 +12,10 @@ The command calls :func:`configure` once its arguments are parsed:
 
 Until :func:`configure` is called (the Python API), nothing here touches the libraries' logging.
 Most commands import diffusers only when they load a model, so the libraries' levels and bars
-are set by :func:`apply_to_libraries`, which :func:`flowgrpo.model.load_adapter` calls before it
-loads one (and :func:`configure` for a library already imported): a command that loads no model
-does not pay for importing diffusers.
+are set by :func:`apply_to_libraries`, which
+:func:`flowgrpo.training.model_setup.load_adapter` calls before it loads one (and
+:func:`configure` for a library already imported): a command that loads no model does not pay
+for importing diffusers.
 """
 
 from __future__ import annotations

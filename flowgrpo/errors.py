@@ -2,7 +2,7 @@
 ``--debug`` or ``FLOWGRPO_DEBUG=1``).
 
 - :class:`FlowgrpoError`: the base; ``exit_code`` is what ``flowgrpo`` exits with.
-- :class:`~flowgrpo.config.ConfigError` (a bad config value, file or key) exits 2.
+- :class:`~flowgrpo.errors.ConfigError` (a bad config value, file or key) exits 2.
 - :class:`RunError`: a run cannot start or continue (a folder that would be overwritten, a
   checkpoint that does not match, a reward that failed under ``run.on_reward_error: stop``).
 - :class:`Interrupted`: SIGINT or SIGTERM, after the checkpoint was written (130 or 143).
@@ -27,3 +27,13 @@ class Interrupted(FlowgrpoError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class ConfigError(FlowgrpoError, ValueError):
+    """A bad configuration value; the message names the key, the value and what is allowed."""
+
+    exit_code = 2
+
+
+class PluginError(ConfigError):
+    """A reference or an entry point that cannot be loaded (one line: what, where, why)."""

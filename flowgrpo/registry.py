@@ -3,16 +3,24 @@
 One lookup per kind: an unknown name raises :class:`UnknownNameError` listing the valid names, so
 a typo in a config fails at load time with the fix in the message. Each registry also takes
 plug-ins from outside the package (entry points, ``module:attribute`` and ``file.py:attribute``
-references; :mod:`flowgrpo.plugins`).
+references; the loaders at the end of this module).
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
+import importlib
+import importlib.util
 import inspect
+import sys
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Generic, TypeVar
+
+from flowgrpo.errors import PluginError
 
 T = TypeVar("T")
 
@@ -53,8 +61,8 @@ class Registry(Generic[T]):
 
     Besides the names registered in code, a registry holds the entry points of installed
     distributions (group ``flowgrpo.<kind>s``, listed without importing them) and resolves
-    ``module:attribute`` / ``path/to/file.py:attribute`` references on first use (see
-    :mod:`flowgrpo.plugins`). Every name has an origin: ``built-in``, ``entry point ...``,
+    ``module:attribute`` / ``path/to/file.py:attribute`` references on first use (the loaders
+    at the end of this module). Every name has an origin: ``built-in``, ``entry point ...``,
     ``file ...``, ``module ...`` or ``python (<module>)``.
 
     Args:
@@ -102,17 +110,15 @@ class Registry(Generic[T]):
 
         Raises:
             UnknownNameError: an unknown name (the message lists the valid names).
-            flowgrpo.plugins.PluginError: a reference or entry point that cannot be imported.
+            flowgrpo.errors.PluginError: a reference or entry point that cannot be imported.
         """
         if name in self._items and not self._origins.get(name, "").startswith("file "):
             return self._items[name]
         if is_reference(name):  # a file reference is looked at again: a changed file is re-read
-            from .plugins import load_reference
 
             return self._store(name, *load_reference(name, self.kind))
         pending = self._pending()
         if isinstance(name, str) and name in pending:
-            from .plugins import load_entry_point
 
             entry, origin = pending[name]
             return self._store(name, load_entry_point(entry, self.kind), origin)
@@ -149,15 +155,13 @@ class Registry(Generic[T]):
 
     def rescan(self) -> None:
         """Read the installed entry points again (a distribution installed since)."""
-        from .plugins import rescan
 
-        rescan()
+        rescan_entry_points()
         self._entry_points = None
 
     def _pending(self) -> dict[str, tuple[Any, str]]:
         """Entry points of this kind not shadowed by a name registered in code."""
         if self._entry_points is None:
-            from .plugins import entry_points
 
             self._entry_points = {}
             for name, entry, origin in entry_points(self.kind):
@@ -203,3 +207,172 @@ def bind_params(target: Callable[..., Any], params: dict, skip: int = 0) -> None
         name = getattr(target, "__name__", repr(target))
         raise TypeError(f"{name} got an unknown parameter {unknown[0]!r}{hint}; valid: "
                         f"{', '.join(valid) or 'none'}")
+
+
+GROUPS = {
+    "reward": "rewards",
+    "pipeline family": "families",
+    "sampler": "samplers",
+    "loss": "losses",
+    "advantage estimator": "advantages",
+    "objective": "objectives",
+    "step selection": "step_selections",
+    "credit": "credits",
+    "condition enhancer": "enhancers",
+    "kl estimator": "kl_estimators",
+    "pruner": "pruners",
+    "mix mode": "mix_modes",
+}
+"""Registry kind -> entry-point group suffix (the group is ``flowgrpo.<suffix>``)."""
+
+
+_FILE_MODULES: dict[tuple[str, int], Any] = {}  # (resolved path, mtime_ns) -> module
+
+
+_ENTRY_POINTS: list | None = None  # every installed entry point, read once per process
+
+
+def entry_point_group(kind: str) -> str:
+    """The entry-point group of a registry kind (``reward`` -> ``flowgrpo.rewards``)."""
+    return f"flowgrpo.{GROUPS.get(kind, kind.replace(' ', '_') + 's')}"
+
+
+def load_reference(reference: str, kind: str) -> tuple[Any, str]:
+    """Import what ``reference`` names; returns ``(object, origin)``.
+
+    ``origin`` is ``file <absolute path>`` or ``module <name>``.
+
+    Raises:
+        PluginError: a malformed reference, a missing file or module, an error while importing
+            it (with the file and line where it happened) or a missing attribute.
+    """
+    target, _, attribute = reference.rpartition(":")
+    label = f"{kind} {reference!r}"
+    if not target.strip() or not attribute.strip():
+        raise PluginError(f"{label} is not a reference: write module:attribute or "
+                          "path/to/file.py:attribute")
+    if _is_file(target):
+        path = Path(target).expanduser()
+        path = path if path.is_absolute() else Path.cwd() / path
+        if not path.is_file():
+            raise PluginError(f"{label}: file not found: {path}")
+        module = _import_file(path.resolve(), label)
+        where, origin = str(path.resolve()), f"file {path.resolve()}"
+    else:
+        module = _import_module(target, label)
+        where, origin = f"module {target}", f"module {target}"
+    obj: Any = module
+    for part in attribute.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            public = sorted(n for n in vars(module) if not n.startswith("_")
+                            and callable(vars(module)[n]))
+            shown = ", ".join(public[:12]) + (", ..." if len(public) > 12 else "")
+            raise PluginError(f"{label}: {where} has no attribute {attribute!r} (callables "
+                              f"there: {shown or 'none'})") from None
+    return obj, origin
+
+
+def load_entry_point(entry: Any, kind: str) -> Any:
+    """Import an entry point, turning a failure into one :class:`PluginError` line."""
+    dist = getattr(getattr(entry, "dist", None), "name", None) or "an installed distribution"
+    try:
+        return entry.load()
+    except Exception as err:
+        raise PluginError(f"{kind} {entry.name!r} (entry point {entry.value} of {dist}): "
+                          f"import failed: {_describe(err)}") from None
+
+
+def entry_points(kind: str) -> list[tuple[str, Any, str]]:
+    """The entry points registered for a registry kind: ``[(name, entry point, origin)]``, the
+    first of each name (a distribution found twice on the path is listed once)."""
+    global _ENTRY_POINTS
+    if _ENTRY_POINTS is None:
+        from importlib.metadata import distributions
+
+        _ENTRY_POINTS = [e for dist in distributions() for e in dist.entry_points
+                         if e.group.startswith("flowgrpo.")]
+    group = entry_point_group(kind)
+    seen: dict[str, tuple[str, Any, str]] = {}
+    for entry in _ENTRY_POINTS:
+        if entry.group != group or entry.name in seen:
+            continue
+        dist = getattr(entry, "dist", None)
+        label = f"{dist.name} {dist.version}" if dist is not None else "unknown distribution"
+        seen[entry.name] = (entry.name, entry, f"entry point {label} ({entry.value})")
+    return list(seen.values())
+
+
+def rescan_entry_points() -> None:
+    """Read the installed entry points again on next use (every registry)."""
+    global _ENTRY_POINTS
+    _ENTRY_POINTS = None
+
+
+def _is_file(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
+def _import_module(name: str, label: str) -> Any:
+    """Import module ``name``; the current folder is searched too (last, so it never shadows an
+    installed package), as ``python -m`` would, since the ``flowgrpo`` script does not."""
+    if not any(Path(p or ".").resolve() == Path.cwd().resolve() for p in sys.path):
+        sys.path.append(str(Path.cwd()))
+    try:
+        return importlib.import_module(name)
+    except Exception as err:
+        spec = None
+        try:
+            spec = importlib.util.find_spec(name)
+        except Exception:  # a missing parent package: the import error says it all
+            pass
+        where = f" ({spec.origin})" if spec is not None and spec.origin else ""
+        raise PluginError(f"{label}: importing module {name}{where} failed: "
+                          f"{_describe(err)}") from None
+
+
+def _import_file(path: Path, label: str) -> Any:
+    """Run ``path`` as a module (cached until the file changes). Its folder is on ``sys.path``
+    while it runs, so it can import modules next to it."""
+    key = (str(path), path.stat().st_mtime_ns)
+    if key in _FILE_MODULES:
+        return _FILE_MODULES[key]
+    digest = hashlib.blake2b(str(path).encode(), digest_size=4).hexdigest()
+    name = f"flowgrpo_plugin_{_identifier(path.stem)}_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise PluginError(f"{label}: {path} cannot be imported as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look modules up by name
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        sys.modules.pop(name, None)
+        raise PluginError(f"{label}: importing {path} failed: {_describe(err, path)}") from None
+    finally:
+        try:
+            sys.path.remove(str(path.parent))
+        except ValueError:
+            pass
+    _FILE_MODULES[key] = module
+    return module
+
+
+def _identifier(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text) or "file"
+
+
+def _describe(err: BaseException, path: Path | None = None) -> str:
+    """``Type: message`` on one line, with ``(line N)`` where the error happened in ``path``."""
+    message = " ".join(str(err).split()) or "(no message)"
+    line = None
+    if isinstance(err, SyntaxError) and err.lineno:
+        line = err.lineno
+        message = err.msg
+    elif path is not None:
+        for frame in traceback.extract_tb(err.__traceback__):
+            if Path(frame.filename) == path:
+                line = frame.lineno
+    return f"{type(err).__name__}: {message}" + (f" (line {line})" if line else "")

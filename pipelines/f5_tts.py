@@ -434,7 +434,7 @@ class F5TTSAdapter(FlowAdapter):
         import torchaudio
 
         if isinstance(audio, (str, Path)):
-            from .media_io import load_wav
+            from flowgrpo.audio import load_wav
 
             wav, rate = load_wav(audio)
             wav = wav.mean(0, keepdim=True)

@@ -148,9 +148,7 @@ class LongCatTTSAdapter(FlowAdapter):
         :data:`PROMPT_PAD_FRAMES` frames of silence, encoded with the posterior mean, the padding
         frames dropped."""
         if isinstance(audio, (str, Path)):
-            from reward_models.media import resample
-
-            from .media_io import load_wav
+            from flowgrpo.audio import load_wav, resample
 
             wav, rate = load_wav(audio)
             wav = resample(wav.mean(0), rate, self.sample_rate)

@@ -95,31 +95,11 @@ def save_wav(audio: torch.Tensor, sample_rate: int, path: str | Path) -> Path:
     return path
 
 
-def load_wav(path: str | Path) -> tuple[torch.Tensor, int]:
-    """Read a PCM WAV file (8-, 16- or 32-bit, any channel count) with the ``wave`` module.
+def __getattr__(name: str):
+    # ``load_wav`` lives in :mod:`flowgrpo.audio` (shared by pipelines and rewards); imported on
+    # first use so that importing this library stays as light as before
+    if name == "load_wav":
+        from flowgrpo.audio import load_wav
 
-    Returns:
-        ``(audio [C, T] float32 in [-1, 1], sample_rate)``.
-
-    Raises:
-        FileNotFoundError: no such file. ValueError: not a PCM WAV file of 8, 16 or 32 bits (one
-        line, naming it).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{str(path)!r} does not exist or is not a file")
-    try:
-        with wave.open(str(path), "rb") as src:
-            channels, width = src.getnchannels(), src.getsampwidth()
-            rate, raw = src.getframerate(), src.readframes(src.getnframes())
-    except (wave.Error, EOFError, OSError) as err:
-        raise ValueError(f"{str(path)!r} is not a readable PCM WAV file ({err})") from None
-    kinds = {1: (np.uint8, 128.0, 128.0), 2: ("<i2", 0.0, 32768.0), 4: ("<i4", 0.0, 2.0**31)}
-    if width not in kinds:
-        raise ValueError(f"{str(path)!r} has {8 * width}-bit samples; 8-, 16- or 32-bit PCM WAV "
-                         "is supported")
-    dtype, offset, scale = kinds[width]
-    data = (np.frombuffer(raw, dtype=dtype).astype(np.float32) - offset) / scale
-    data = data[: len(data) // channels * channels]
-    audio = torch.from_numpy(data.reshape(-1, channels).T.copy())
-    return audio, int(rate)
+        return load_wav
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,7 +14,7 @@ import torch
 
 from .base import RewardOutput, register
 from .clip import hf_text_features, pick_device, pooled, unique_prompts
-from .media import Media, check_batch, require, resample, to_mono
+from .media import Media, check_batch, require, to_mono
 
 
 @register("clap")
@@ -83,6 +83,8 @@ class CLAPScore:
     def __call__(self, media: Media, prompts: list[str], metadata: list[dict]) -> RewardOutput:
         require(media, "audio", reward="clap")
         check_batch(media, prompts, metadata, reward="clap")
+        from flowgrpo.audio import resample
+
         audio = resample(to_mono(media.data), int(media.sample_rate), self.rate)
         texts, index = unique_prompts(prompts)
         cos = (self.encode_audio(audio) * self.encode_texts(texts)[index]).sum(-1)

@@ -8,7 +8,6 @@ them in :class:`Media`; rewards call the converters below instead of guessing la
 from __future__ import annotations
 
 import base64
-import math
 import struct
 from dataclasses import dataclass
 
@@ -60,7 +59,6 @@ def require(media: Media, *kinds: str, reward: str) -> None:
         raise ValueError(
             f"reward {reward!r} scores {' or '.join(kinds)} media, got {media.kind} media"
         )
-
 
 
 def check_batch(media: Media, prompts: list[str], metadata: list[dict], reward: str) -> None:
@@ -183,38 +181,6 @@ def to_mono(audio: torch.Tensor) -> torch.Tensor:
     return audio.float().mean(dim=1)
 
 
-def resample(audio: torch.Tensor, orig_rate: int, new_rate: int, zeros: int = 16) -> torch.Tensor:
-    """Band-limited resampling of ``[..., T]`` audio from ``orig_rate`` to ``new_rate`` (Hz).
-
-    Windowed-sinc interpolation (Smith, "Digital Audio Resampling"): the rates are reduced by
-    their gcd to ``orig -> new`` and every output phase gets its own kernel, a sinc with cutoff at
-    99% of the lower Nyquist frequency under a Hann window spanning ``zeros`` zero crossings, so
-    one strided 1-D convolution does the whole batch.
-
-    Returns:
-        ``[..., ceil(T * new_rate / orig_rate)]`` float32.
-    """
-    if orig_rate == new_rate:
-        return audio.float()
-    g = math.gcd(int(orig_rate), int(new_rate))
-    orig, new = int(orig_rate) // g, int(new_rate) // g
-    cutoff = 0.99 * min(orig, new) / orig  # in cycles per input sample, times 2 (1 = Nyquist)
-    half = math.ceil(zeros / cutoff)  # kernel half-width in input samples
-    # kernel[p, k]: weight of input sample (n*orig - half + k) for output n*new + p.
-    offsets = torch.arange(-half, half + orig, dtype=torch.float64)
-    t = offsets[None, :] - torch.arange(new, dtype=torch.float64)[:, None] * orig / new
-    x = (t * cutoff).clamp(-zeros, zeros)
-    window = torch.cos(x * math.pi / (2 * zeros)) ** 2
-    kernel = torch.special.sinc(x) * window * cutoff
-    shape, length = audio.shape, audio.shape[-1]
-    flat = audio.reshape(-1, 1, length).to(torch.float64)
-    flat = torch.nn.functional.pad(flat, (half, half + orig))
-    out = torch.nn.functional.conv1d(flat, kernel[:, None, :], stride=orig)  # [N, new, L]
-    out = out.transpose(1, 2).reshape(flat.shape[0], -1)
-    target = math.ceil(length * new / orig)
-    return out[:, :target].reshape(*shape[:-1], target).float()
-
-
 # --- wire formats: base64 PNG / WAV (no pickle) --------------------------------------------------
 
 
@@ -310,3 +276,13 @@ def media_from_wire(kind: str, items: list, sample_rate: int | None = None) -> M
     if len(shapes) != 1:
         raise ValueError(f"all {kind} items must have one shape, got {sorted(shapes)}")
     return Media(kind, torch.stack(tensors), sample_rate)
+
+
+def __getattr__(name: str):
+    # ``resample`` lives in :mod:`flowgrpo.audio` (shared by pipelines and rewards); imported on
+    # first use so that importing this library stays as light as before
+    if name == "resample":
+        from flowgrpo.audio import resample
+
+        return resample
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -59,7 +59,7 @@ import torch
 
 from .base import RewardOutput, register
 from .clip import pick_device
-from .media import Media, check_batch, require, resample, to_mono
+from .media import Media, check_batch, require, to_mono
 from .ocr import levenshtein
 
 SAMPLE_RATE = 16000  # what pocketsphinx's model and the speaker encoder expect
@@ -73,6 +73,8 @@ MCD_SCALE = 10 / math.log(10) * math.sqrt(2)  # dB per unit of cepstral distance
 
 def mono_16k(media: Media) -> torch.Tensor:
     """Audio media -> ``[B, T]`` float32 mono at 16 kHz."""
+    from flowgrpo.audio import resample
+
     return resample(to_mono(media.data.detach().cpu()), int(media.sample_rate), SAMPLE_RATE)
 
 
@@ -82,7 +84,7 @@ def read_wav(path: str | os.PathLike, what: str = "WAV file") -> tuple[torch.Ten
     Read by :func:`pipelines.media_io.load_wav`; channels are averaged. Raises ``ValueError``
     (one line naming ``what`` and the path) for a missing, unreadable or empty file.
     """
-    from pipelines.media_io import load_wav
+    from flowgrpo.audio import load_wav
 
     try:
         audio, rate = load_wav(path)
@@ -125,6 +127,8 @@ class _FileCache:
             if key in self.items:
                 return self.items[key]
         audio, rate = read_wav(name, self.what)
+        from flowgrpo.audio import resample
+
         value = self.compute(resample(audio, rate, SAMPLE_RATE))
         with self.lock:
             self.items[key] = value

@@ -174,8 +174,8 @@ def evaluate(adapter, num_steps: int = 10) -> dict[str, float]:
     """Mean reward of Euler edits of the shipped sources (one seed each) under the demo's
     reward: the digit classifier on the right half and ``preserve`` on the left."""
     import reward_models
-    from flowgrpo.data import load_prompts
-    from flowgrpo.evaluate import generate
+    from flowgrpo.data.prompts import load_prompts
+    from flowgrpo.training.evaluation import generate
     from reward_models import Media
 
     items = load_prompts(str(PROMPTS))

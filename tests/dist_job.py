@@ -9,8 +9,8 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
 from conftest import register_brightness  # noqa: E402
 
-from flowgrpo.config_io import from_dict  # noqa: E402
-from flowgrpo.trainer import Trainer  # noqa: E402
+from flowgrpo.config.io import from_dict
+from flowgrpo.training.trainer import Trainer
 
 
 def main(model_dir: str, out: str) -> None:

@@ -11,9 +11,9 @@ import sys
 import torch
 from safetensors.torch import save_file
 
-from flowgrpo.config_io import load_config
-from flowgrpo.model import unwrap
-from flowgrpo.trainer import Trainer
+from flowgrpo.config.io import load_config
+from flowgrpo.distributed import unwrap
+from flowgrpo.training.trainer import Trainer
 
 
 def main(out: str, batch: int, epochs: int = 2, resume: bool = False) -> None:

@@ -53,7 +53,7 @@ class Net(torch.nn.Module):
 
 def build(base_dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """The frozen base (``base_dtype``) with an fp32 LoRA on every q and k, like
-    ``flowgrpo.model.make_trainable``; the same weights in every process (seeded)."""
+    ``flowgrpo.training.model_setup.make_trainable``; the same weights in every process (seeded)."""
     from peft import LoraConfig, inject_adapter_in_model
 
     torch.manual_seed(0)
@@ -74,7 +74,7 @@ def trainable_names(model: torch.nn.Module) -> list[str]:
 
 def train(model: torch.nn.Module, rank: int, world: int) -> torch.optim.Optimizer:
     """``STEPS`` AdamW steps on this process's rows of the global batch."""
-    from flowgrpo.engines import trainable_parameters
+    from flowgrpo.distributed import trainable_parameters
 
     opt = torch.optim.AdamW(trainable_parameters(model), lr=1e-2)
     for step in range(STEPS):
@@ -91,7 +91,7 @@ def reference() -> tuple[dict[str, torch.Tensor], ...]:
     one process without sharding."""
     from peft.utils import get_peft_model_state_dict
 
-    from flowgrpo.checkpoint import optimizer_to_flat
+    from flowgrpo.run.checkpoint import optimizer_to_flat
 
     model = build()
     opt = train(model, 0, 1)
@@ -132,8 +132,8 @@ def main(out: str) -> None:
     from safetensors.torch import save_file
     from torch.distributed.device_mesh import init_device_mesh
 
-    from flowgrpo import engines
-    from flowgrpo.checkpoint import optimizer_from_flat, optimizer_to_flat
+    from flowgrpo import distributed as engines
+    from flowgrpo.run.checkpoint import optimizer_from_flat, optimizer_to_flat
 
     acc = Accelerator(cpu=True)  # as the trainer on a machine without a GPU: gloo
     rank, world = dist.get_rank(), dist.get_world_size()

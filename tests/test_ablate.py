@@ -9,10 +9,10 @@ import shutil
 import pytest
 import yaml
 
-from flowgrpo import ablate as ablate_lib
-from flowgrpo.cli import main
-from flowgrpo.config import ConfigError
-from flowgrpo.tracking import read_metrics
+from flowgrpo.cli import ablate as ablate_lib
+from flowgrpo.cli.main import main
+from flowgrpo.errors import ConfigError
+from flowgrpo.run.tracking import read_metrics
 
 TINY = ["train.batch_size=8", "train.group_size=4", "sampler.num_steps=4", "run.epochs=2",
         "run.eval_every=1", "run.save_every=1", "data.eval_images_per_prompt=1",
@@ -111,8 +111,8 @@ def test_a_config_error_in_a_preset_file_names_the_preset(tmp_path):
 def test_a_cell_runs_at_the_command_s_console_level(tmp_path, monkeypatch, level, flags):
     import subprocess
 
-    from flowgrpo import ablate as ablate_lib
     from flowgrpo import console
+    from flowgrpo.cli import ablate as ablate_lib
 
     seen = []
 

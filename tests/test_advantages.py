@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from flowgrpo import advantages
-from flowgrpo.advantages import ADVANTAGES, compute_advantages, zero_std_groups
 from flowgrpo.registry import UnknownNameError
+from flowgrpo.rl import advantages
+from flowgrpo.rl.advantages import ADVANTAGES, compute_advantages, zero_std_groups
 
 EPS = 1e-4
 

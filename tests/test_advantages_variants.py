@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from flowgrpo import advantages
-from flowgrpo.advantage_variants import success_rate
-from flowgrpo.advantages import ADVANTAGES, check_params, compute_advantages, estimator_params
+from flowgrpo.rl import advantages
+from flowgrpo.rl.advantages import ADVANTAGES, check_params, compute_advantages, estimator_params
+from flowgrpo.rl.advantages.variants import success_rate
 
 EPS = 1e-4
 NEW = ("focal", "a_grae", "dual_anchor", "rcc")

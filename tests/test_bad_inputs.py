@@ -18,10 +18,10 @@ from typing import NamedTuple
 
 import pytest
 
-from flowgrpo.cli import main
-from flowgrpo.config import ConfigError
-from flowgrpo.config_io import parse_yaml
-from flowgrpo.model import resolve_path
+from flowgrpo.cli.main import main
+from flowgrpo.config.io import parse_yaml
+from flowgrpo.errors import ConfigError
+from flowgrpo.training.hub import resolve_path
 
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = f"digits ({resolve_path('digits')})"
@@ -183,11 +183,11 @@ def test_hub_id_offline_fails_fast(empty_hub_cache, monkeypatch, tmp_path, capsy
 def test_hub_id_without_network(empty_hub_cache, monkeypatch, tmp_path, capsys):
     from huggingface_hub import constants
 
-    import flowgrpo.model
+    import flowgrpo.training.hub
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(flowgrpo.model, "hub_reachable", lambda: False)
+    monkeypatch.setattr(flowgrpo.training.hub, "hub_reachable", lambda: False)
     result = run_train(["--set", "model.path=org/not-cached"], tmp_path, capsys)
     assert_one_line(*result, ["model.path: org/not-cached is not a local folder", "(no network)"])
 
@@ -204,7 +204,7 @@ def test_cached_hub_id_of_another_family(empty_hub_cache, tmp_path, capsys):
 
 
 def test_hub_probe_is_bounded_when_dns_hangs(monkeypatch):
-    import flowgrpo.model
+    import flowgrpo.training.hub
 
     release = threading.Event()
 
@@ -212,17 +212,17 @@ def test_hub_probe_is_bounded_when_dns_hangs(monkeypatch):
         release.wait(10)
         raise OSError("timed out")
 
-    monkeypatch.setattr(flowgrpo.model.socket, "create_connection", hang)
+    monkeypatch.setattr(flowgrpo.training.hub.socket, "create_connection", hang)
     start = time.monotonic()
     try:
-        assert flowgrpo.model.hub_reachable(timeout=0.2) is False
+        assert flowgrpo.training.hub.hub_reachable(timeout=0.2) is False
     finally:
         release.set()
     assert time.monotonic() - start < 2
 
 
 def test_utf8_with_byte_order_mark_loads(tmp_path):
-    from flowgrpo.config_io import load_config
+    from flowgrpo.config.io import load_config
 
     config = tmp_path / "c.yaml"
     config.write_bytes(b"\xef\xbb\xbftrain:\n  lr: 1.0e-4\n")

@@ -4,7 +4,7 @@ import pytest
 import yaml
 from conftest import write_tiny_config
 
-from flowgrpo.cli import main
+from flowgrpo.cli.main import main
 
 
 @pytest.fixture

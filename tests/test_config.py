@@ -3,8 +3,7 @@
 import pytest
 import yaml
 
-from flowgrpo.config import ConfigError
-from flowgrpo.config_io import (
+from flowgrpo.config.io import (
     apply_overrides,
     describe_fields,
     from_dict,
@@ -12,6 +11,7 @@ from flowgrpo.config_io import (
     to_dict,
     to_yaml,
 )
+from flowgrpo.errors import ConfigError
 
 
 def test_default_config_loads_and_round_trips(tmp_path):
@@ -109,7 +109,7 @@ def test_bad_config_fails_before_any_model_loads(monkeypatch):
         raise AssertionError("a model was loaded")
 
     monkeypatch.setattr(pipelines, "load", boom)
-    from flowgrpo.cli import main
+    from flowgrpo.cli.main import main
 
     assert main(["train", "--set", "train.loss=nope"]) == 2
 

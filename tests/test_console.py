@@ -246,7 +246,7 @@ def test_quiet_hides_flowgrpo_progress_and_notes(capsys):
 @pytest.fixture
 def tiny_run(tiny_sd3_dir, tmp_path, brightness_reward):
     """A tiny trained run (2 epochs, LoRA rank 4) and its config file."""
-    from flowgrpo.cli import main
+    from flowgrpo.cli.main import main
 
     path = write_tiny_config(tmp_path, tiny_sd3_dir, brightness_reward, eval_every=0,
                              save_every=2, tensorboard=False)
@@ -256,8 +256,8 @@ def tiny_run(tiny_sd3_dir, tmp_path, brightness_reward):
 
 @pytest.mark.slow
 def test_sample_prints_no_lora_warning_and_loads_the_lora(tiny_run, tmp_path, caplog, capfd):
-    from flowgrpo.cli import main
-    from flowgrpo.tools import load_trained, run_config
+    from flowgrpo.cli.inference import load_trained, run_config
+    from flowgrpo.cli.main import main
 
     run, config = tiny_run
     capfd.readouterr()
@@ -310,7 +310,8 @@ def state():
 def test_importing_flowgrpo_leaves_library_logging_alone():
     _python(STATE + """
 before = state()
-import flowgrpo, flowgrpo.cli, flowgrpo.console, flowgrpo.tools, flowgrpo.trainer, pipelines
+import flowgrpo, flowgrpo.cli, flowgrpo.console, flowgrpo.cli.inference
+import flowgrpo.training.trainer, pipelines
 from pipelines.sd3 import SD3Adapter
 assert state() == before, (state(), before)
 """)

@@ -12,15 +12,16 @@ import torch
 from test_trainer import make_config
 
 import samplers
-from flowgrpo import losses
-from flowgrpo.config_io import load_config
-from flowgrpo.credit import CREDITS
-from flowgrpo.grpo import replay_step
-from flowgrpo.kl import exact_kl
-from flowgrpo.objectives import OBJECTIVES
-from flowgrpo.rollout import RolloutSpec, rollout, solve
-from flowgrpo.steps import STEP_SELECTIONS
-from flowgrpo.trainer import Trainer, hash_seed
+from flowgrpo.config.io import load_config
+from flowgrpo.rl import losses
+from flowgrpo.rl.credit import CREDITS
+from flowgrpo.rl.kl import exact_kl
+from flowgrpo.rl.objectives import OBJECTIVES
+from flowgrpo.rl.replay import replay_step
+from flowgrpo.rl.rollout import RolloutSpec, rollout, solve
+from flowgrpo.rl.step_selection import STEP_SELECTIONS
+from flowgrpo.seeding import hash_seed
+from flowgrpo.training.trainer import Trainer
 
 TOY = ["train.batch_size=16", "train.group_size=4", "run.tensorboard=false",
        "run.progress=false", "data.eval_images_per_prompt=1"]
@@ -87,7 +88,7 @@ def test_default_job_update_equals_the_plain_per_step_update(tmp_path):
 def contract_cases() -> list[tuple[str, str, str, int]]:
     """Every combination of objective, step selection, credit and views (0 or 1) that the config
     accepts (likelihood-free objectives take one outcome advantage per sample)."""
-    from flowgrpo.config import ConfigError
+    from flowgrpo.errors import ConfigError
 
     cases = []
     for o in OBJECTIVES.names():
@@ -107,7 +108,7 @@ def assert_ratio_one(t: Trainer) -> dict:
     batch = t.sample(0)
     t.views.extend(t, batch, 0)
     adv, metrics = t.advantages(batch)
-    from flowgrpo.trainer import canonical_advantages
+    from flowgrpo.training.trainer import canonical_advantages
 
     batch.advantages = canonical_advantages(adv, batch)
     state = t.objective.prepare(batch)
@@ -153,7 +154,7 @@ def test_cfg_free_training_replays_unguided_with_ratio_one(tiny_sd3_dir, tmp_pat
                             train={"objective_params": {"guidance": 1.0}, "beta": 0.1}))
     assert t.objective.guidance == 1.0 and t.cfg.model.guidance == 3.0
     assert_ratio_one(t)
-    from flowgrpo.trainer import canonical_advantages
+    from flowgrpo.training.trainer import canonical_advantages
 
     batch = t.sample(0)
     batch.advantages = canonical_advantages(t.advantages(batch)[0], batch)
@@ -253,7 +254,7 @@ def test_cond_index_reuses_the_last_sub_batch_only_for_the_same_index_tensor():
 def _stacked_update(out, per: int, views: int):
     """One toy update with ``steps_per_call = per``: the gradient of its optimizer step, its
     metrics, the transformer calls with grad and the number of units."""
-    from flowgrpo.trainer import canonical_advantages
+    from flowgrpo.training.trainer import canonical_advantages
 
     t = toy_trainer(out, f"train.objective_params={{steps_per_call: {per}}}",
                     "train.beta=0.01", f"train.views={views}")

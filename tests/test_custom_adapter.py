@@ -7,7 +7,7 @@ import torch
 
 import pipelines
 import samplers
-from flowgrpo.config_io import from_dict
+from flowgrpo.config.io import from_dict
 from pipelines import Cond, FlowAdapter
 from reward_models import REWARDS, RewardOutput
 from reward_models.media import require
@@ -94,8 +94,8 @@ def config(tmp_path, reward, **train):
 
 
 def test_custom_adapter_trains_with_the_unchanged_trainer(tmp_path):
-    from flowgrpo.tracking import read_metrics
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.run.tracking import read_metrics
+    from flowgrpo.training.trainer import Trainer
 
     Trainer(config(tmp_path, "bright_test")).train()
     rows = read_metrics(tmp_path)
@@ -104,7 +104,7 @@ def test_custom_adapter_trains_with_the_unchanged_trainer(tmp_path):
 
 
 def test_region_reward_moves_log_prob_only_in_its_region(tmp_path):
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.training.trainer import Trainer
 
     t = Trainer(config(tmp_path, "quadrant_test", max_grad_norm=0.0))
     batch = t.sample(0)
@@ -166,8 +166,8 @@ def test_an_image_conditioned_family_encodes_each_prompt_with_its_own_source(tmp
     distinct (prompt, image) once, caches it across epochs, and eval passes the metadata too."""
     from PIL import Image
 
-    from flowgrpo.data import load_prompts
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.data.prompts import load_prompts
+    from flowgrpo.training.trainer import Trainer
 
     (tmp_path / "src").mkdir()
     for name, value in (("dark.png", 0), ("light.png", 255)):
@@ -201,8 +201,8 @@ def test_an_image_conditioned_family_encodes_each_prompt_with_its_own_source(tmp
 def test_a_missing_source_image_names_its_line(tmp_path):
     import pytest
 
-    from flowgrpo.config import ConfigError
-    from flowgrpo.data import load_prompts
+    from flowgrpo.data.prompts import load_prompts
+    from flowgrpo.errors import ConfigError
 
     rows = tmp_path / "edits.jsonl"
     rows.write_text('{"prompt": "a", "image": "missing.png"}\n')

@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from flowgrpo.cli import main
-from flowgrpo.config_io import load_config
-from flowgrpo.grpo import replay_step
-from flowgrpo.tracking import read_metrics
+from flowgrpo.cli.main import main
+from flowgrpo.config.io import load_config
+from flowgrpo.rl.replay import replay_step
+from flowgrpo.run.tracking import read_metrics
 
 
 def test_toy_ratio_is_one_before_the_first_update(tmp_path):
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.training.trainer import Trainer
 
     cfg = load_config(None, [f"run.output_dir={tmp_path}", "train.batch_size=16",
                              "run.tensorboard=false"])

@@ -8,8 +8,8 @@ import platform
 import pytest
 import torch
 
-from flowgrpo import doctor
-from flowgrpo.cli import main
+from flowgrpo.cli import doctor
+from flowgrpo.cli.main import main
 from reward_models import REWARDS
 
 
@@ -57,12 +57,12 @@ def test_extras_follow_what_is_importable(monkeypatch):
 
 
 def test_hub_probe_and_model_cache(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr("flowgrpo.model.hub_offline", lambda: False)
-    monkeypatch.setattr("flowgrpo.model.hub_reachable", lambda: False)
+    monkeypatch.setattr("flowgrpo.training.hub.hub_offline", lambda: False)
+    monkeypatch.setattr("flowgrpo.training.hub.hub_reachable", lambda: False)
     lines = doctor.hub_lines(probe=True, model="someone/some-model")
     assert lines[1].startswith("hub access: unreachable (")
     assert lines[2] == "model someone/some-model: not cached"
-    monkeypatch.setattr("flowgrpo.model.hub_reachable", lambda: True)
+    monkeypatch.setattr("flowgrpo.training.hub.hub_reachable", lambda: True)
     assert doctor.hub_lines(probe=True)[1].startswith("hub access: reachable (")
     assert doctor.hub_lines(probe=False)[1] == "hub access: not checked"
     # a config is read, not validated: one whose model cannot load still reports

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowgrpo.cli import main
-from flowgrpo.config_io import load_config
-from flowgrpo.data import load_prompts
-from flowgrpo.tracking import read_metrics
+from flowgrpo.cli.main import main
+from flowgrpo.config.io import load_config
+from flowgrpo.data.prompts import load_prompts
+from flowgrpo.run.tracking import read_metrics
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "digit_edit.yaml"
 
 
 def test_the_shipped_edit_model_and_its_sources_load():
-    from flowgrpo.model import load_adapter
+    from flowgrpo.training.model_setup import load_adapter
 
     cfg = load_config(CONFIG)
     items = load_prompts(cfg.data.prompts)
@@ -39,7 +39,7 @@ def test_each_region_cell_reaches_only_its_own_output_tokens(tmp_path):
     """The reward's 2 x 4 grid of 8x8-pixel cells maps onto the 4 x 8 grid of generated tokens
     (4x4 pixels each): every cell's map is 1 on its 2 x 2 tokens and 0 elsewhere; the source's
     tokens are never latents."""
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.training.trainer import Trainer
 
     cfg = load_config(CONFIG, [f"run.output_dir={tmp_path}", "train.batch_size=8",
                                "train.group_size=4", "run.progress=false",

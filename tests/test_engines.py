@@ -1,5 +1,5 @@
 """Engines beyond DDP: the shipped accelerate configs, the gather/scatter helpers of
-``flowgrpo.engines`` (plain tensors, a 1-process FSDP2 group, two FSDP2 processes on CPU) and
+``flowgrpo.distributed`` (plain tensors, a 1-process FSDP2 group, two FSDP2 processes on CPU) and
 the one-line engine description."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flowgrpo import engines
+from flowgrpo import distributed as engines
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "accelerate"
@@ -135,7 +135,7 @@ def test_deepspeed_config_builds_a_zero2_plugin(monkeypatch):
     from accelerate.utils import DeepSpeedPlugin
     from accelerate.utils.launch import prepare_deepspeed_cmd_env
 
-    from flowgrpo.config import TrainConfig
+    from flowgrpo.config.schema import TrainConfig
 
     args, defaults = launch_args("deepspeed_zero2")
     args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)

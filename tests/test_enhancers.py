@@ -10,8 +10,8 @@ from http.server import ThreadingHTTPServer
 import pytest
 from http_stub import StubHandler, serving
 
-from flowgrpo import enhancers
 from flowgrpo.registry import UnknownNameError
+from flowgrpo.rl import enhancers
 
 PROMPTS = ["a red dog on a beach", "two cats", "a red car near a dog"]
 

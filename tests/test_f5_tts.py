@@ -21,8 +21,8 @@ pytest.importorskip("f5_tts", reason="f5-tts is optional: install it with "
 pytest.importorskip("vocos", reason="vocos (F5-TTS's vocoder) is not installed")
 
 import samplers  # noqa: E402
-from flowgrpo.grpo import replay_step  # noqa: E402
-from flowgrpo.rollout import RolloutSpec, rollout  # noqa: E402
+from flowgrpo.rl.replay import replay_step
+from flowgrpo.rl.rollout import RolloutSpec, rollout
 from pipelines.base import LOGPROB_WEIGHT  # noqa: E402
 from pipelines.f5_tts import (  # noqa: E402
     F5TTSAdapter,

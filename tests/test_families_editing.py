@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import pipelines
-from flowgrpo.config_io import from_dict
-from flowgrpo.grpo import replay_step
+from flowgrpo.config.io import from_dict
+from flowgrpo.rl.replay import replay_step
 from pipelines.flux import pack_latents
 from pipelines.flux2 import Flux2KleinAdapter, patch_tokens
 from pipelines.flux_kontext import FluxKontextAdapter
@@ -440,7 +440,7 @@ def test_region_reward_lands_on_generated_tokens(family, tmp_path):
     """A region reward on an edit: one map per cell over the generated tokens only, advantages
     only in the cells where the samples differ, per-region log-probs that average to the
     plain one (the maps tile the latents exactly), ratio 1 per region, one finite update."""
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.training.trainer import Trainer
 
     folder, rows = edit_setup(family, tmp_path)
     t = Trainer(from_dict({

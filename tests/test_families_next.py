@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import pipelines
-from flowgrpo.model import reference
+from flowgrpo.rl.reference import reference
 from pipelines.flux import pack_latents
 from pipelines.hunyuan_video import HunyuanVideoAdapter
 from pipelines.qwen_image import QwenImageAdapter

@@ -10,8 +10,8 @@ import torch
 
 import pipelines
 import samplers
-from flowgrpo.config_io import from_dict
-from flowgrpo.grpo import replay_step
+from flowgrpo.config.io import from_dict
+from flowgrpo.rl.replay import replay_step
 from reward_models import REWARDS, RewardOutput
 
 try:
@@ -43,8 +43,8 @@ def check_family_contract(family: str, folder, options: dict, tmp_path,
                           prompts: str = "digits", guidance: float = 1.0) -> None:
     """The contract for the family ``family`` loaded from the pipeline folder ``folder`` with
     ``options``, trained on the prompt set ``prompts`` (a name or a .jsonl path)."""
-    from flowgrpo.tools import load_trained
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.cli.inference import load_trained
+    from flowgrpo.training.trainer import Trainer
 
     REWARDS.register("energy_test")(energy)
     try:

@@ -8,11 +8,11 @@ import pytest
 import torch
 from test_resume import config, stable, weights
 
-from flowgrpo.config import RewardConfig, RunConfig
+from flowgrpo.config.schema import RewardConfig, RunConfig
 from flowgrpo.errors import RunError
-from flowgrpo.rewards import RewardRunner, RewardStop
-from flowgrpo.tracking import read_metrics
-from flowgrpo.trainer import Trainer
+from flowgrpo.run.tracking import read_metrics
+from flowgrpo.training.reward_runner import RewardRunner, RewardStop
+from flowgrpo.training.trainer import Trainer
 from reward_models import REWARDS, RewardOutput, register
 
 

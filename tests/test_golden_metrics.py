@@ -32,8 +32,8 @@ JOBS = {
 
 def run_job(name: str, folder: Path) -> list[dict]:
     """Train job ``name`` in ``folder``; its metrics rows without the timing keys."""
-    from flowgrpo.cli import main
-    from flowgrpo.tracking import read_metrics
+    from flowgrpo.cli.main import main
+    from flowgrpo.run.tracking import read_metrics
 
     out = folder / name
     args = ["train", "-q"]

@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 from test_resume import stable
 
-from flowgrpo import checkpoint as ckpt
-from flowgrpo.tracking import read_metrics
+from flowgrpo.run import checkpoint as ckpt
+from flowgrpo.run.tracking import read_metrics
 
 EPOCHS = 8
 SETTINGS = ["train.batch_size=8", "train.group_size=4", "sampler.num_steps=4",

@@ -8,11 +8,11 @@ import torch
 from test_core import assert_ratio_one, toy_trainer
 
 import samplers
-from flowgrpo import kl as kl_lib
-from flowgrpo.likelihood_free import draw, weighted_lp
-from flowgrpo.losses import LOSSES
-from flowgrpo.rollout import model_velocity
-from flowgrpo.trainer import Trainer, canonical_advantages
+from flowgrpo.rl import kl as kl_lib
+from flowgrpo.rl.losses import LOSSES
+from flowgrpo.rl.objectives.likelihood_free import draw, weighted_lp
+from flowgrpo.rl.rollout import model_velocity
+from flowgrpo.training.trainer import Trainer, canonical_advantages
 
 ODE = ["sampler.name=ode", "sampler.params={}"]
 
@@ -160,7 +160,7 @@ def test_flow_grpo_kl_is_the_exact_kl_times_the_step(tmp_path):
     idx, j = torch.arange(4), 2
     k = int(batch.traj.trained[0, j])
     dt = float(batch.traj.sigmas[k] - batch.traj.sigmas[k + 1])
-    from flowgrpo.grpo import replay_step
+    from flowgrpo.rl.replay import replay_step
 
     one = replay_step(exact.adapter, exact.sampler, batch.traj, idx, j, 1.0, kl=exact.objective.kl)
     two = replay_step(ported.adapter, ported.sampler, batch.traj, idx, j, 1.0,
@@ -189,8 +189,8 @@ def test_dppo_prunes_training_forwards_and_reweights_the_kept_samples(tmp_path):
 
 
 def test_config_refuses_a_deterministic_sampler_for_the_ratio_objective():
-    from flowgrpo.config import ConfigError
-    from flowgrpo.config_io import load_config
+    from flowgrpo.config.io import load_config
+    from flowgrpo.errors import ConfigError
 
     with pytest.raises(ConfigError, match="likelihood-free objective"):
         load_config(None, ODE)
@@ -213,8 +213,8 @@ def test_elbo_plugs_into_every_policy_loss(tmp_path, loss):
 @pytest.mark.slow
 @pytest.mark.parametrize("objective", ["elbo", "nft"])
 def test_likelihood_free_objective_raises_the_eval_reward_from_the_cli(tmp_path, objective):
-    from flowgrpo.cli import main
-    from flowgrpo.tracking import read_metrics
+    from flowgrpo.cli.main import main
+    from flowgrpo.run.tracking import read_metrics
 
     assert main(["train", "--set", f"train.objective={objective}", "--set", "sampler.name=ode",
                  "--set", "sampler.params={}", "--set", "run.epochs=20",
@@ -225,8 +225,8 @@ def test_likelihood_free_objective_raises_the_eval_reward_from_the_cli(tmp_path,
 
 
 def test_config_refuses_per_step_or_per_view_credit_for_likelihood_free_objectives():
-    from flowgrpo.config import ConfigError
-    from flowgrpo.config_io import load_config
+    from flowgrpo.config.io import load_config
+    from flowgrpo.errors import ConfigError
 
     for extra in ("train.views=1", "train.credit=turning_point"):
         with pytest.raises(ConfigError, match="one outcome advantage per sample"):

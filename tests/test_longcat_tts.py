@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import samplers
-from flowgrpo.grpo import replay_step
-from flowgrpo.rollout import RolloutSpec, rollout
+from flowgrpo.rl.replay import replay_step
+from flowgrpo.rl.rollout import RolloutSpec, rollout
 from pipelines import LongCatTTSAdapter
 from pipelines.base import LOGPROB_WEIGHT
 from pipelines.media_io import save_wav

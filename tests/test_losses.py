@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from flowgrpo import losses
-from flowgrpo.losses import LOSSES
 from flowgrpo.registry import UnknownNameError
+from flowgrpo.rl import losses
+from flowgrpo.rl.losses import LOSSES
 
 METRIC_KEYS = {
     "train/clipfrac",

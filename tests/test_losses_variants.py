@@ -9,8 +9,9 @@ import pytest
 import torch
 from test_losses import _run
 
-from flowgrpo import loss_variants, losses
-from flowgrpo.losses import LOSSES
+from flowgrpo.rl import losses
+from flowgrpo.rl.losses import LOSSES
+from flowgrpo.rl.losses import variants as loss_variants
 
 NEW = ["gate", "mhpo", "mu_grpo"]
 GATES = ["sigmoid", "tanh", "arctan", "erf", "softsign"]

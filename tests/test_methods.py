@@ -7,7 +7,7 @@ import torch
 from test_core import lora, toy_trainer
 
 import samplers
-from flowgrpo import steps
+from flowgrpo.rl import step_selection as steps
 from samplers.analytic import GaussianFlow
 
 
@@ -94,8 +94,8 @@ def test_turning_point_advantages_are_per_step_with_zero_mean_per_group(tmp_path
 
 
 def test_turning_point_run_trains_from_the_cli(tmp_path):
-    from flowgrpo.cli import main
-    from flowgrpo.tracking import read_metrics
+    from flowgrpo.cli.main import main
+    from flowgrpo.run.tracking import read_metrics
 
     assert main(["train", "--set", f"run.output_dir={tmp_path}", "--set", "run.epochs=2",
                  "--set", "train.credit=turning_point", "--set", "train.batch_size=16",

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from flowgrpo.config_io import DEFAULT_CONFIG, SHIPPED, recipes, resolve_config, shipped_file
+from flowgrpo.config.io import DEFAULT_CONFIG, recipes, resolve_config
+from flowgrpo.data.files import SHIPPED, shipped_file
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,11 +16,11 @@ import yaml
 
 import flowgrpo
 import reward_models
-from flowgrpo import plugins
-from flowgrpo.cli import main
-from flowgrpo.config import ConfigError
-from flowgrpo.config_io import load_config
-from flowgrpo.plugins import PluginError, registries
+from flowgrpo import registry as plugins
+from flowgrpo.cli.catalogue import registries
+from flowgrpo.cli.main import main
+from flowgrpo.config.io import load_config
+from flowgrpo.errors import ConfigError, PluginError
 from flowgrpo.registry import Registry, UnknownNameError
 from reward_models import REWARDS, Media
 
@@ -342,7 +342,7 @@ def test_python_api_reward_callables_become_the_config_reward(reward_file):
     assert [(c["name"].split(":")[-1], c["weight"]) for c in mixed.reward.components] == [
         ("sharpness", 1.0), ("test_python_api_reward_callables_become_the_config_reward."
                             "<locals>.darkness@" + f"{id(darkness):x}", 0.5)]
-    from flowgrpo.rewards import RewardRunner
+    from flowgrpo.training.reward_runner import RewardRunner
 
     class Image:
         modality, sample_rate = "image", None

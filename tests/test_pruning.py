@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flowgrpo import pruning
-from flowgrpo.advantages import group_advantages
 from flowgrpo.registry import UnknownNameError
+from flowgrpo.rl import pruning
+from flowgrpo.rl.advantages import group_advantages
 
 
 def _batch(extra: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowgrpo.config_io import load_config
-from flowgrpo.data import load_prompts
-from flowgrpo.model import load_adapter
+from flowgrpo.config.io import load_config
+from flowgrpo.data.prompts import load_prompts
+from flowgrpo.training.model_setup import load_adapter
 
 try:
     from tests.test_families import CASES

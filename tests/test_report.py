@@ -12,10 +12,10 @@ import pytest
 import torch
 from PIL import Image
 
-from flowgrpo.cli import main
+from flowgrpo.cli.main import main
+from flowgrpo.cli.report import eval_vs_calls, find_runs, read_rows, report, report_runs
 from flowgrpo.errors import RunError
-from flowgrpo.report import eval_vs_calls, find_runs, read_rows, report, report_runs
-from flowgrpo.tracking import Tracker
+from flowgrpo.run.tracking import Tracker
 
 PROMPTS = ("a handwritten digit 3", "a red cube on a table")
 PER_PROMPT = 2

@@ -10,13 +10,13 @@ import os
 import pytest
 import torch
 
-from flowgrpo import checkpoint as ckpt
-from flowgrpo import resume as resume_lib
-from flowgrpo.cli import main
-from flowgrpo.config_io import load_config, to_dict
+from flowgrpo.cli.main import main
+from flowgrpo.config.io import load_config, to_dict
 from flowgrpo.errors import RunError
-from flowgrpo.tracking import read_metrics
-from flowgrpo.trainer import Trainer
+from flowgrpo.run import checkpoint as ckpt
+from flowgrpo.run import resume as resume_lib
+from flowgrpo.run.tracking import read_metrics
+from flowgrpo.training.trainer import Trainer
 
 TOY = ["train.batch_size=8", "train.group_size=4", "run.tensorboard=false",
        "run.progress=false", "data.eval_images_per_prompt=1", "sampler.num_steps=4",

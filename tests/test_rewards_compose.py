@@ -213,8 +213,8 @@ def test_sample_mode_refuses_negative_or_zero_weights_in_one_line():
 
 
 def test_sample_mode_from_the_config(tmp_path):
-    from flowgrpo.config import ConfigError
-    from flowgrpo.config_io import load_config
+    from flowgrpo.config.io import load_config
+    from flowgrpo.errors import ConfigError
 
     base = [f"run.output_dir={tmp_path}", "reward.mix_mode=sample",
             "reward.components=[{name: digit, weight: 1}, {name: jpeg_compressibility, "

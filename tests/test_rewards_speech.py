@@ -22,8 +22,8 @@ import torch
 
 import reward_models
 import reward_models.speech as speech
-from flowgrpo.config import RewardConfig, RunConfig
-from flowgrpo.rewards import RewardRunner
+from flowgrpo.config.schema import RewardConfig, RunConfig
+from flowgrpo.training.reward_runner import RewardRunner
 from reward_models import Media
 
 ASSETS = Path(__file__).resolve().parent / "assets" / "speech"

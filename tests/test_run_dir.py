@@ -6,9 +6,9 @@ import sys
 import pytest
 import torch
 
-from flowgrpo import checkpoint as ckpt
-from flowgrpo.ema import EMA
-from flowgrpo.tracking import Tracker, read_metrics
+from flowgrpo.rl.ema import EMA
+from flowgrpo.run import checkpoint as ckpt
+from flowgrpo.run.tracking import Tracker, read_metrics
 
 
 def test_tracker_saves_every_modality(tmp_path):

@@ -345,7 +345,7 @@ def test_langevin_model_call_beats_euler_in_w2(steps):
 def test_langevin_does_not_train_steps_into_tiny_noise_levels():
     """Into s' = 1e-3 (diffusers' last nonzero sigma) the corrector's delta / s'^2 is in the
     thousands; such steps are left out of training, like cps's."""
-    from flowgrpo.steps import trainable_steps
+    from flowgrpo.rl.step_selection import trainable_steps
 
     sigmas = torch.tensor([1.0, 0.889, 0.778, 0.667, 0.556, 0.445, 0.334, 0.223, 0.112, 0.001, 0.0])
     lang = samplers.get("langevin")

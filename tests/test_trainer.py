@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flowgrpo.config_io import from_dict
-from flowgrpo.grpo import replay_step
+from flowgrpo.config.io import from_dict
+from flowgrpo.rl.replay import replay_step
 
 
 def make_config(path, out, reward_name, **sections):
@@ -25,7 +25,7 @@ def make_config(path, out, reward_name, **sections):
 
 
 def trainer_for(path, out, reward_name, **sections):
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.training.trainer import Trainer
 
     return Trainer(make_config(path, out, reward_name, **sections))
 
@@ -107,7 +107,7 @@ def test_saved_lora_reproduces_eval_images_in_fresh_pipeline(tiny_sd3_dir, tmp_p
                                                              brightness_reward):
     from diffusers import StableDiffusion3Pipeline
 
-    from flowgrpo.evaluate import generate
+    from flowgrpo.training.evaluation import generate
     from pipelines.sd3 import SD3Adapter
 
     t = trainer_for(tiny_sd3_dir, tmp_path, brightness_reward, run={"epochs": 2})
@@ -128,8 +128,8 @@ def test_saved_lora_reproduces_eval_images_in_fresh_pipeline(tiny_sd3_dir, tmp_p
 
 @pytest.mark.slow
 def test_resume_auto_continues_from_checkpoint(tiny_sd3_dir, tmp_path, brightness_reward):
-    from flowgrpo.tracking import read_metrics
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.run.tracking import read_metrics
+    from flowgrpo.training.trainer import Trainer
 
     first = trainer_for(tiny_sd3_dir, tmp_path, brightness_reward, run={"epochs": 2})
     first.train()
@@ -151,7 +151,7 @@ def test_resume_auto_continues_from_checkpoint(tiny_sd3_dir, tmp_path, brightnes
 
 @pytest.mark.slow
 def test_async_rewards_give_the_same_metrics_as_inline(tiny_sd3_dir, tmp_path, brightness_reward):
-    from flowgrpo.tracking import read_metrics
+    from flowgrpo.run.tracking import read_metrics
 
     rows = []
     for workers in (0, 2):
@@ -165,7 +165,7 @@ def test_async_rewards_give_the_same_metrics_as_inline(tiny_sd3_dir, tmp_path, b
 
 
 def test_an_epoch_with_only_equal_rewards_trains_nothing_and_logs(tiny_sd3_dir, tmp_path):
-    from flowgrpo.tracking import read_metrics
+    from flowgrpo.run.tracking import read_metrics
     from reward_models import REWARDS, RewardOutput
 
     REWARDS.register("constant_test")(lambda: lambda media, prompts, metadata: RewardOutput(
@@ -183,7 +183,8 @@ def test_reference_switches_the_lora_off_exactly_as_diffusers_does(tiny_sd3_dir,
                                                                    brightness_reward):
     """``reference()`` toggles cached LoRA layers: inside, the output is the base model's (what
     diffusers' ``disable_adapters`` gives); after, the LoRA is active and trainable again."""
-    from flowgrpo.model import lora_layers, reference, unwrap
+    from flowgrpo.distributed import unwrap
+    from flowgrpo.rl.reference import lora_layers, reference
 
     t = trainer_for(tiny_sd3_dir, tmp_path, brightness_reward, model={"guidance": 3.0})
     model = unwrap(t.adapter.transformer)
@@ -210,8 +211,8 @@ def test_compiled_transformer_trains_like_the_eager_one(tiny_sd3_dir, tmp_path, 
     """``model.compile`` compiles the transformer's forward through TorchDynamo (here with its
     eager backend, so the test does not wait for a C++ build): the hooks still count every call,
     the ratio is 1 before the update and the metrics equal the eager run's."""
-    from flowgrpo.model import unwrap
-    from flowgrpo.tracking import read_metrics
+    from flowgrpo.distributed import unwrap
+    from flowgrpo.run.tracking import read_metrics
 
     compiled = []
     real = torch.compile
@@ -239,7 +240,7 @@ def test_compiled_transformer_trains_like_the_eager_one(tiny_sd3_dir, tmp_path, 
 
 def test_optimizer_kernel_is_fused_on_cuda_by_default_and_selectable(tiny_sd3_dir, tmp_path,
                                                                      brightness_reward):
-    from flowgrpo.trainer import optimizer_kernel
+    from flowgrpo.training.trainer import optimizer_kernel
 
     assert optimizer_kernel("auto", torch.device("cpu")) == {}
     assert optimizer_kernel("auto", torch.device("cuda", 0)) == {"fused": True}

@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from flowgrpo.data import load_prompts
-from flowgrpo.tts_prompts import (
+from flowgrpo.data.prompts import load_prompts
+from flowgrpo.data.tts_prompts import (
     CATEGORIES,
     hard_prompts,
     normalize,

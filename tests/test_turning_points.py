@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flowgrpo.credit import turning_points
+from flowgrpo.rl.credit import turning_points
 
 F, T = False, True
 

@@ -180,7 +180,7 @@ def test_a_window_never_trains_a_step_its_sampler_declines(name):
     import torch
 
     import samplers
-    from flowgrpo.steps import STEP_SELECTIONS, trainable_steps
+    from flowgrpo.rl.step_selection import STEP_SELECTIONS, trainable_steps
 
     sigmas = torch.tensor([1.0, 0.889, 0.778, 0.667, 0.556, 0.445, 0.334, 0.223, 0.112, 0.001, 0.0])
     sampler = samplers.get(name)

@@ -1,0 +1,97 @@
+"""Inference helpers behind ``flowgrpo sample`` and ``flowgrpo eval``.
+
+A trained run is the base pipeline plus ``<checkpoint>/lora`` loaded by the adapter's
+``load_lora`` into the transformer it trained (the same folder loads with diffusers'
+``pipeline.load_lora_weights``; families whose pipeline has no LoRA loader read the peft folder
+their ``save_lora`` wrote), or the fully fine-tuned ``transformer/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+import samplers
+from flowgrpo import console
+from flowgrpo.config.io import load_config
+from flowgrpo.config.schema import Config
+from flowgrpo.data.prompts import load_prompts
+from flowgrpo.training.evaluation import Evaluator, generate
+from flowgrpo.training.model_setup import load_adapter
+from flowgrpo.training.reward_runner import RewardRunner
+
+
+def run_config(run: str) -> Config:
+    """The resolved config saved with a run (``run`` may be a checkpoint folder)."""
+    path = Path(run)
+    for folder in (path, path.parent.parent):
+        if (folder / "config.yaml").is_file():
+            return load_config(folder / "config.yaml")
+    raise FileNotFoundError(f"no config.yaml found for {run}")
+
+
+def load_trained(cfg: Config, run: str | None, device: str | torch.device = "cpu"):
+    """The base adapter of ``cfg``, with the trained weights of ``run`` when given."""
+    from flowgrpo.run.checkpoint import find_checkpoint
+
+    adapter = load_adapter(cfg.model, device)
+    if run:
+        folder = find_checkpoint(run, "")
+        if (folder / "lora").is_dir():
+            adapter.load_lora(str(folder / "lora"))
+        else:
+            from safetensors.torch import load_file
+
+            state = load_file(str(folder / "trainable.safetensors"))
+            adapter.transformer.load_state_dict(state, strict=False)
+    return adapter
+
+
+def _device(cfg: Config) -> str:
+    return "cuda" if torch.cuda.is_available() and not cfg.run.cpu else "cpu"
+
+
+def sample(cfg: Config | None, run: str | None, prompts: list[str] | None, sampler: str,
+           num_steps: int | None, seed: int, num: int, out: str) -> Path:
+    """Write a grid of ``num`` samples per prompt to ``out`` and return its path."""
+    cfg = cfg if cfg is not None else run_config(run)
+    adapter = load_trained(cfg, run, _device(cfg))
+    items = ([(p, {}) for p in prompts] if prompts
+             else load_prompts(cfg.data.eval_prompts or cfg.data.prompts))
+    all_prompts = [p for p, _ in items for _ in range(num)]
+    all_metadata = [m for _, m in items for _ in range(num)]
+    seeds = [seed + i for i in range(len(all_prompts))]
+    media = generate(adapter, adapter.encode_inputs, all_prompts, seeds,
+                     num_steps or cfg.sampler.eval_num_steps or cfg.sampler.num_steps,
+                     cfg.model.guidance, cfg.train.sample_batch_size or cfg.train.batch_size,
+                     sampler=samplers.get(sampler, **(cfg.sampler.params
+                                                      if sampler == cfg.sampler.name else {})),
+                     metadata=all_metadata)
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if adapter.modality == "audio":
+        from pipelines.media_io import save_wav
+
+        path.mkdir(exist_ok=True)
+        for i, clip in enumerate(media):
+            save_wav(clip, adapter.sample_rate, path / f"sample_{i}.wav")
+    else:
+        from torchvision.utils import save_image
+
+        images = media[:, 0] if adapter.modality == "video" else media
+        save_image(images.float().cpu(), path, nrow=num, padding=1)
+    console.note(f"wrote {len(all_prompts)} samples to {path}")
+    return path
+
+
+def evaluate(cfg: Config | None, run: str | None) -> dict:
+    """Eval reward (fixed prompts and seeds, Euler sampler) of the base model or a run."""
+    from accelerate import Accelerator
+
+    cfg = cfg if cfg is not None else run_config(run)
+    acc = Accelerator(cpu=cfg.run.cpu or not torch.cuda.is_available())
+    adapter = load_trained(cfg, run, acc.device)
+    rewards = RewardRunner(cfg.reward, adapter)
+    prompts = load_prompts(cfg.data.eval_prompts or cfg.data.prompts)
+    return Evaluator(cfg, adapter, rewards, prompts, adapter.encode_inputs, acc).run(0)

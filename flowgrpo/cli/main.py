@@ -1,0 +1,298 @@
+"""The ``flowgrpo`` command.
+
+    flowgrpo train [CONFIG] [--set key=value ...] [--resume auto|PATH] [--overwrite]
+    flowgrpo ablate [CONFIG] --grid KEY=V1,V2 [--grid ...] [--seeds N] [--parallel P] ...
+    flowgrpo config [CONFIG] [--set ...] [--help-fields] [--recipes]
+    flowgrpo sample [CONFIG] [--run RUN_DIR] [--prompt TEXT ...] [--sampler NAME] ...
+    flowgrpo eval [CONFIG] [--run RUN_DIR] [--set ...]
+    flowgrpo report RUN [RUN ...] [--out PATH]
+    flowgrpo serve-reward --reward NAME [--params JSON] [--host 127.0.0.1] [--port 8000]
+    flowgrpo list [CONFIG]
+    flowgrpo doctor
+
+Every command takes ``--debug`` (or ``FLOWGRPO_DEBUG=1``) to show tracebacks; without it a fault
+is one line on stderr.
+
+Without CONFIG, ``configs/digits.yaml`` (the CPU default) is used. The shipped configs work from
+any folder and from an installed wheel: ``flowgrpo train configs/sd35_pickscore.yaml`` (or just
+``sd35_pickscore``); ``flowgrpo config --recipes`` lists them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from flowgrpo.errors import ConfigError, FlowgrpoError
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", default=None,
+                   help="YAML config (default: configs/digits.yaml, the CPU digits job)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set train.lr=1e-4 (repeatable)")
+
+
+def _load(args: argparse.Namespace):
+    from flowgrpo.config.io import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from flowgrpo.run.resume import train_config
+    from flowgrpo.training.trainer import Trainer
+
+    config, resume = train_config(args.config, args.overrides, args.resume)
+    Trainer(config, resume=resume, overwrite=args.overwrite).train()
+    return 0
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from flowgrpo.cli.ablate import ablate, describe_presets
+
+    if args.list_presets:
+        print(describe_presets(args.presets))
+        return 0
+    folder = ablate(args.config, args.grid, args.overrides, seeds=args.seeds,
+                    parallel=args.parallel, target=args.target, out=args.out,
+                    presets=args.presets)
+    print((folder / "ablation.md").read_text(), end="")
+    print(f"results: {folder}/ablation.csv, ablation.md, eval_vs_step.png, eval_vs_calls.png, "
+          f"eval_vs_time.png")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from flowgrpo.config.io import describe_fields, to_yaml
+
+    if args.help_fields:
+        print(describe_fields())
+        return 0
+    if args.recipes:
+        from flowgrpo.config.io import recipes
+        from flowgrpo.data.files import SHIPPED
+
+        shown = recipes()
+        width = max(len(name) for name, _ in shown)
+        print(f"shipped configs ({SHIPPED}); use as `flowgrpo train configs/<name>`:")
+        for name, about in shown:
+            print(f"  {name:<{width}}  {about}")
+        return 0
+    print(to_yaml(_load(args)), end="")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import samplers
+    from flowgrpo.cli.catalogue import plugged_in, registries
+    from flowgrpo.registry import BUILTIN
+
+    if args.config or args.overrides:  # resolves the config's references, listed below
+        _load(args)
+    rows = [(title, [n for n, o in reg.origins().items() if o == BUILTIN])
+            for title, reg in registries()]
+    rows.insert(5, ("window strategies", list(samplers.window.STRATEGIES)))
+    print("built-in:")
+    for title, names in rows:
+        print(f"  {title}: {', '.join(names)}")
+    plugins = plugged_in()
+    print("plug-ins:" if plugins else "plug-ins: none (entry points, module:attribute or "
+          "file.py:attribute references; see the README)")
+    for title, name, origin in plugins:
+        print(f"  {title}: {name} <- {origin}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from flowgrpo.cli.doctor import report
+
+    model = None
+    if args.config or args.overrides:  # read, not validated: a config that fails still reports
+        from flowgrpo.config.io import apply_overrides, read_config
+
+        data = apply_overrides(read_config(args.config), args.overrides)
+        model = str((data.get("model") or {}).get("path", "digits"))
+    print(report(probe=not args.no_network, model=model))
+    return 0
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from flowgrpo.cli.inference import sample
+
+    config = _load(args) if args.config or args.overrides or not args.run else None
+    sample(config, run=args.run, prompts=args.prompt, sampler=args.sampler,
+           num_steps=args.num_steps, seed=args.seed, num=args.num, out=args.out)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from flowgrpo.cli.inference import evaluate
+
+    config = _load(args) if args.config or args.overrides or not args.run else None
+    metrics = evaluate(config, run=args.run)
+    for key, value in metrics.items():
+        print(f"{key}: {value:.4f}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from flowgrpo.cli.report import report_runs
+
+    print(report_runs(args.runs, args.out))
+    return 0
+
+
+def cmd_serve_reward(argv: list[str]) -> int:
+    from reward_models.server import main
+
+    return main(argv) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flowgrpo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    loud = argparse.ArgumentParser(add_help=False)  # --quiet / --verbose, after any command
+    group = loud.add_mutually_exclusive_group()
+    group.add_argument("-q", "--quiet", action="store_true",
+                       help="only warnings, errors and results: no progress bars or notes")
+    group.add_argument("-v", "--verbose", action="store_true",
+                       help="everything the libraries say: loading bars, info logs and the "
+                       "warnings flowgrpo filters as known to be harmless")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", parents=[loud],
+                       help="run GRPO training")
+    _config_args(p)
+    p.add_argument("--resume", default=None, metavar="auto|PATH",
+                   help="continue a run: auto (run.output_dir, else the run saved last) or a "
+                   "run/checkpoint folder; without CONFIG the checkpoint's config is used")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh in a run folder that holds a run, deleting it")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("ablate", parents=[loud],
+                       help="run a grid of configs and seeds; a table and plots")
+    _config_args(p)
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="an axis of the grid (repeatable); KEY is a config key or 'method' "
+                   "(named presets)")
+    p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 per cell (default 1)")
+    p.add_argument("--parallel", type=int, default=1, help="runs side by side (default 1)")
+    p.add_argument("--target", type=float, default=None,
+                   help="eval reward whose first reach is reported in calls and seconds")
+    p.add_argument("--out", default=None, help="ablation folder (default: runs/ablations/"
+                   "<config>-<hash of the command>, so re-running the command resumes it)")
+    p.add_argument("--presets", default=None,
+                   help="presets YAML for the 'method' axis (default configs/presets/methods.yaml)")
+    p.add_argument("--list-presets", action="store_true", help="print the presets and exit")
+    p.set_defaults(func=cmd_ablate)
+
+    p = sub.add_parser("config", parents=[loud],
+                       help="print the resolved config")
+    _config_args(p)
+    p.add_argument("--help-fields", action="store_true", help="list every key with its help")
+    p.add_argument("--recipes", action="store_true",
+                   help="list the shipped configs (the CPU default and the recipes)")
+    p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("sample", parents=[loud],
+                       help="generate media from a base model or a trained run")
+    _config_args(p)
+    p.add_argument("--run", default=None, help="run or checkpoint folder (default: base model)")
+    p.add_argument("--prompt", action="append", default=None, help="prompt (repeatable; "
+                   "default: the config's eval prompts)")
+    p.add_argument("--sampler", default="ode", help="sampler name (default: ode)")
+    p.add_argument("--num-steps", type=int, default=None, help="denoising steps")
+    p.add_argument("--num", type=int, default=4, help="images per prompt")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="samples.png", help="output PNG grid (or folder for audio)")
+    p.set_defaults(func=cmd_sample)
+
+    p = sub.add_parser("eval", parents=[loud],
+                       help="reward of a model on the eval prompts (fixed seeds)")
+    _config_args(p)
+    p.add_argument("--run", default=None, help="run or checkpoint folder (default: base model)")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("report", parents=[loud],
+                       help="plot and summarize a run (and its eval media), or "
+                       "compare several runs or the runs of an ablation folder")
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="run folder(s), or an ablation folder (its subfolders holding "
+                   "metrics.jsonl, up to 2 levels down)")
+    p.add_argument("--out", default=None, metavar="PATH",
+                   help="the plot to write (default: RUN/report.png for one run, "
+                   "ABLATION/report.png for an ablation folder, else ./report.png)")
+    p.set_defaults(func=cmd_report)
+
+    sub.add_parser("serve-reward", help="serve a reward over HTTP (see serve-reward --help)",
+                   add_help=False)
+    p = sub.add_parser("list", parents=[loud],
+                       help="registered pipelines, samplers, objectives, losses, step "
+                       "selections, credits, enhancers, advantages, KL estimators, pruners and "
+                       "rewards, and the plug-ins with where each comes from")
+    p.add_argument("config", nargs="?", default=None,
+                   help="also list the plug-ins this config references")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value (repeatable)")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("doctor", parents=[loud],
+                       help="versions, device, extras, hub access and plug-ins, for a bug report")
+    _config_args(p)
+    p.add_argument("--no-network", action="store_true",
+                   help="do not probe the hub (otherwise one short TCP connection)")
+    p.set_defaults(func=cmd_doctor)
+    return parser
+
+
+def one_line(err: BaseException) -> str:
+    """The first line of an error's message (its type when it has none)."""
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a command; every fault is one line on stderr and a non-zero exit (2: config, 1: other
+    faults, 130/143: SIGINT/SIGTERM), with the traceback only under ``--debug`` or
+    ``FLOWGRPO_DEBUG=1``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("FLOWGRPO_DEBUG", "") not in ("", "0")
+    if "--debug" in argv:
+        argv.remove("--debug")
+        debug = True
+    if argv and argv[0] == "serve-reward":
+        return cmd_serve_reward(argv[1:])
+    args = build_parser().parse_args(argv)
+    from flowgrpo import console
+
+    console.configure(console.QUIET if args.quiet else console.VERBOSE if args.verbose
+                      else console.NORMAL)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # e.g. `flowgrpo list | head`: the reader has what it wanted
+        sys.stderr.close()
+        return 0
+    except Exception as err:
+        if debug:
+            raise
+        if isinstance(err, ConfigError):
+            message = f"config error: {one_line(err)}"
+        elif isinstance(err, FlowgrpoError):
+            message = one_line(err)
+        else:  # an unexpected fault: still one line, with the way to see more
+            message = (f"{type(err).__name__}: {one_line(err)} (rerun with --debug for the "
+                       "traceback)")
+        print(f"flowgrpo: {message}", file=sys.stderr)
+        return getattr(err, "exit_code", 1)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("flowgrpo: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,298 @@
+"""Loading, overriding and printing :class:`~flowgrpo.config.schema.Config`.
+
+``load_config(path, overrides)`` reads YAML, applies ``section.key=value`` overrides (values parsed
+as YAML), type-checks every value against the dataclass field and runs the validators, so that
+an unknown key, a wrong type or a bad value fails before any model is loaded. YAML is read with
+:class:`UniqueKeyLoader` (a repeated key is an error, not a silent override), and a syntax error,
+a file that is not UTF-8 or a non-finite float is reported as a :class:`ConfigError` naming the
+file and line (or the key).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import textwrap
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flowgrpo.config.schema import Config
+from flowgrpo.data.files import SHIPPED, read_utf8
+from flowgrpo.errors import ConfigError
+
+DEFAULT_CONFIG = SHIPPED / "digits.yaml"
+
+
+def resolve_config(path: str | Path) -> Path:
+    """Where a config argument points: ``path`` itself when it exists; else, for a relative
+    path, the shipped file of that name, with or without a leading ``configs/`` and the
+    ``.yaml`` suffix (``configs/sd35_pickscore.yaml``, ``configs/sd35_pickscore``,
+    ``sd35_pickscore``), so the recipes work from any folder and from an installed wheel."""
+    path = Path(path)
+    if path.exists() or path.is_absolute():
+        return path
+    parts = path.parts[1:] if path.parts and path.parts[0] == "configs" else path.parts
+    for candidate in (SHIPPED.joinpath(*parts), SHIPPED.joinpath(*parts).with_suffix(".yaml")):
+        if parts and candidate.is_file():
+            return candidate
+    return path
+
+
+def recipes() -> list[tuple[str, str]]:
+    """``[(file name, the start of its header comment)]`` of the shipped configs."""
+    out = []
+    for path in sorted(SHIPPED.glob("*.yaml")):
+        header = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.startswith("#"):
+                break
+            header.append(line.lstrip("# ").strip())
+        first = " ".join(header).split(". ")[0].split("; ")[0].rstrip(".")
+        out.append((path.name, textwrap.shorten(first, 72, placeholder=" ...")))
+    return out
+
+_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "dict": dict, "list": list}
+
+# keys that moved, so an old config gets the new spelling instead of a bare "unknown key"
+_MOVED = {
+    f"sampler.window_{old}": f"train.step_selection: window with train.step_selection_params "
+                             f"{{{new}: ...}}"
+    for old, new in (("size", "size"), ("stride", "stride"), ("shift_every", "shift_every"),
+                     ("strategy", "strategy"), ("start", "start"))
+}
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A key written twice in one YAML mapping (``where``: its dotted path; ``first``: the line of
+    the first occurrence, 1-based)."""
+
+    def __init__(self, key: Any, where: str, first: int, mark: yaml.Mark) -> None:
+        super().__init__(None, None, f"duplicate key {key!r}", mark)
+        self.key, self.where, self.first = key, where, first
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key repeated within one mapping.
+
+    Plain PyYAML keeps the last value silently, so ``lr: 1e-3`` ... ``lr: 1e-5`` in one section
+    would train with whichever comes last. Merge keys (``<<: *anchor``) may still override.
+    """
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self.mapping_paths = _mapping_paths(node)
+        return super().construct_document(node)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first is not key_node:
+                where = getattr(self, "mapping_paths", {}).get(id(node)) or "the top level"
+                raise DuplicateKeyError(key, where, first.start_mark.line + 1,
+                                        key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def _mapping_paths(root: yaml.Node) -> dict[int, str]:
+    """``id(mapping node) -> its dotted key path`` (``train``, ``reward.components[0]``)."""
+    paths: dict[int, str] = {}
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in paths:  # an alias seen before (or a recursive one)
+            continue
+        paths[id(node)] = path
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value in node.value:
+                name = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
+                stack.append((value, f"{path}.{name}" if path else str(name)))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((value, f"{path}[{i}]") for i, value in enumerate(node.value))
+    return paths
+
+
+def parse_yaml(text: str, source: str, lines: bool = True) -> Any:
+    """Parse YAML ``text`` with :class:`UniqueKeyLoader`; an error becomes a one-line
+    :class:`ConfigError` starting with ``source`` (``source:line`` when ``lines``)."""
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)  # safe: a SafeLoader subclass
+    except DuplicateKeyError as err:
+        detail = f" in {err.where} (first at line {err.first})" if lines else ""
+        where = _where(source, err.problem_mark.line, lines)
+        raise ConfigError(f"{where}: {err.problem}{detail}") from None
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = _where(source, mark.line if mark else None, lines)
+        problem = err.problem or err.context
+        if err.problem and err.context and err.context_mark and lines:  # where it started
+            problem += f" ({err.context} at line {err.context_mark.line + 1})"
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    except yaml.reader.ReaderError as err:  # a control character or a lone surrogate
+        where = _where(source, text.count("\n", 0, max(err.position, 0)), lines)
+        raise ConfigError(f"{where}: YAML syntax error: unacceptable character "
+                          f"#x{err.character:04x} ({err.reason})") from None
+
+
+def _where(source: str, line: int | None, lines: bool) -> str:
+    """``source:line`` (1-based, from PyYAML's 0-based ``line``), or ``source``."""
+    return f"{source}:{line + 1}" if lines and line is not None else source
+
+
+def _coerce(key: str, value: Any, type_name: str) -> Any:
+    """Check ``value`` against a field type; ints are accepted as floats, '1e-4' as a float.
+    A float must be finite (no field gives ``inf`` or ``nan`` a meaning)."""
+    want = _TYPES[type_name]
+    if want is float:
+        value = _as_float(key, value)
+    if (want is int and isinstance(value, bool)) or not isinstance(value, want):
+        raise ConfigError(
+            f"{key}: expected {type_name}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _as_float(key: str, value: Any) -> Any:
+    """``value`` as a finite float when it is a number or a numeric string; else unchanged."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return value
+    try:
+        number = float(value)
+    except ValueError:  # a non-numeric string: reported as a wrong type
+        return value
+    except OverflowError:  # an int too large for a float
+        number = math.inf
+    if not math.isfinite(number):
+        text = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:30]}..."
+        raise ConfigError(f"{key}: invalid value {text}; must be a finite number")
+    return number
+
+
+def _build(cls: type, data: dict, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    moved = [f"{prefix}{k}" for k in unknown if f"{prefix}{k}" in _MOVED]
+    if moved:
+        raise ConfigError(f"{moved[0]} has moved: use {_MOVED[moved[0]]}")
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+        raise ConfigError(
+            f"unknown key {prefix}{unknown[0]}{hint}; valid keys: {', '.join(sorted(known))}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value or {}, key + ".")
+        else:
+            kwargs[name] = _coerce(key, value, hint.__name__)
+    return cls(**kwargs)
+
+
+def from_dict(data: dict) -> Config:
+    """Build and validate a config from a nested dict."""
+    return _build(Config, data or {}, "").validate()
+
+
+def to_dict(config: Config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def to_yaml(config: Config) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"train.lr=1e-4"`` -> ``(["train", "lr"], 1e-4)``; the value is parsed as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value")
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if len(parts) < 2 or not all(parts):
+        raise ConfigError(f"override key {key!r} must look like section.key")
+    return parts, parse_yaml(raw, f"override {item!r}", lines=False) if raw.strip() else ""
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``section.key[.sub]=value`` overrides to a nested dict (in place; returned)."""
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = data
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                **sections: dict) -> Config:
+    """Read a YAML config, apply overrides, validate.
+
+    Args:
+        path: a YAML file (default: the CPU digits job); a shipped recipe also by name
+            (:func:`resolve_config`).
+        overrides: ``section.key=value`` strings (values parsed as YAML), as ``--set`` takes.
+        sections: keyword overrides per section, merged into the file's values before
+            ``overrides``: ``load_config(run={"epochs": 5}, train={"lr": 1e-4})``.
+    """
+    data = merge_sections(read_config(path), sections)
+    return from_dict(apply_overrides(data, overrides or []))
+
+
+def read_config(path: str | Path | None = None) -> dict:
+    """The sections of a YAML config file as read, not yet validated (default: the CPU digits
+    job; a shipped recipe also by name, :func:`resolve_config`)."""
+    path = resolve_config(path) if path else DEFAULT_CONFIG
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder; pass a .yaml file")
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    data = parse_yaml(read_utf8(path), str(path)) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def merge_sections(data: dict, sections: dict) -> dict:
+    """Merge keyword overrides ``{section: {key: value}}`` into config data (in place; returned).
+    Each key replaces the file's value, as ``--set section.key=value`` does."""
+    for name, values in sections.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"{name}: a section override is a dict of keys, got "
+                              f"{type(values).__name__} {values!r}")
+        section = data.get(name)
+        if section is None:
+            section = data[name] = {}
+        if not isinstance(section, dict):
+            raise ConfigError(f"{name}: expected a mapping, got {section!r}")
+        section.update(values)
+    return data
+
+
+def describe_fields() -> str:
+    """Every config key with its default and help text (``flowgrpo config --help-fields``)."""
+    lines = []
+    for section in dataclasses.fields(Config):
+        cls = typing.get_type_hints(Config)[section.name]
+        lines.append(f"{section.name}:")
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            lines.append(f"  {f.name} = {default!r}  # {f.metadata.get('help', '')}")
+    return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""A rollout batch: trajectories, prompts, group ids and rewards of one epoch on one process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from flowgrpo.rl.rollout import Trajectory
+from pipelines import Cond
+from reward_models import RewardOutput
+
+
+def chunks(n: int, size: int) -> list[slice]:
+    """``[0, n)`` cut into consecutive slices of at most ``size``."""
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def cat_trajectories(trajs: list[Trajectory]) -> Trajectory:
+    """Concatenate rollouts of the same schedule along the batch."""
+    first = trajs[0]
+    return Trajectory(
+        latents=torch.cat([t.latents for t in trajs]),
+        sigmas=first.sigmas,
+        trained=torch.cat([t.trained for t in trajs]),
+        log_probs=torch.cat([t.log_probs for t in trajs]),
+        cond=Cond.cat([t.cond for t in trajs]),
+    )
+
+
+def cat_rewards(outputs: list[RewardOutput]) -> RewardOutput:
+    """Concatenate reward outputs of consecutive chunks (info values are averaged by size)."""
+    sizes = torch.tensor([len(o.scores) for o in outputs], dtype=torch.float32)
+    scores = torch.cat([o.scores.float().cpu() for o in outputs])
+    regions = None
+    if outputs[0].regions is not None:
+        regions = torch.cat([o.regions.float().cpu() for o in outputs])
+    components = None
+    if outputs[0].components:
+        components = {k: torch.cat([o.components[k].float().cpu() for o in outputs])
+                      for k in outputs[0].components}
+    info = {}
+    for key in outputs[0].info:
+        values = torch.tensor([float(o.info[key]) for o in outputs])
+        info[key] = float((values * sizes).sum() / sizes.sum())
+    return RewardOutput(scores, regions, components, info)
+
+
+@dataclass
+class RolloutBatch:
+    """Everything one process rolled out in an epoch, and what later phases add to it.
+
+    Attributes:
+        traj: the concatenated trajectories ``[B, ...]`` (trained steps ``[B, J]``).
+        prompts, metadata: ``B`` prompts and their metadata (with ``"group"``).
+        groups: ``[B]`` global group ids.
+        reward: the reward output for the batch (scores ``[B]``).
+        step_weights: ``[B, J]`` per-step loss weights from the step selection.
+        views: the conditions training replays under, ``V`` encodings of the ``B`` samples;
+            view 0 is the rollout's own (MV-GRPO adds more).
+        view_rewards: the reward output under each view (``view_rewards[0] is reward``).
+        advantages: ``[B, V, J, P]`` once computed (per view, trained step and region).
+        regions: ``[P, ...]`` region membership maps on the latent grid (region rewards), or
+            None.
+        info: scalar metrics the later phases report (averaged over processes).
+        sample_weights: ``[B]`` importance weights of the samples (1 unless pruned).
+        iteration: the training iteration the batch belongs to.
+        index: ``[B]`` global sample indices (rank * B + i): what per-sample randomness is
+            keyed by, so it does not depend on the number of processes.
+        valid: ``[B]`` bool, False for the samples of groups whose reward failed and were
+            skipped (``run.on_reward_error`` / ``run.on_nonfinite: skip_group``).
+    """
+
+    traj: Trajectory
+    prompts: list[str]
+    metadata: list[dict]
+    groups: torch.Tensor
+    reward: RewardOutput
+    step_weights: torch.Tensor
+    views: list[Cond] = field(default_factory=list)
+    view_rewards: list[RewardOutput] = field(default_factory=list)
+    advantages: torch.Tensor | None = None
+    regions: torch.Tensor | None = None
+    info: dict[str, float] = field(default_factory=dict)
+    sample_weights: torch.Tensor | None = None
+    iteration: int = 0
+    index: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.views = self.views or [self.traj.cond]
+        self.view_rewards = self.view_rewards or [self.reward]
+        if self.sample_weights is None:
+            self.sample_weights = torch.ones(len(self.groups))
+        if self.index is None:
+            self.index = torch.arange(len(self.groups))
+        if self.valid is None:
+            self.valid = torch.ones(len(self.groups), dtype=torch.bool)
+
+    @staticmethod
+    def build(trajs, prompts, metadata, groups, reward, step_weights,
+              iteration: int = 0, index: torch.Tensor | None = None,
+              valid: torch.Tensor | None = None) -> RolloutBatch:
+        return RolloutBatch(cat_trajectories(trajs), prompts, metadata, groups, reward,
+                            step_weights, iteration=iteration, index=index, valid=valid)

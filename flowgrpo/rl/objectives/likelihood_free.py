@@ -1,0 +1,356 @@
+"""Likelihood-free objectives: trained on final samples through the forward (noising) process.
+
+They never replay the rollout's per-step transitions (``needs_transitions = False``), so rollouts
+may use the deterministic ODE (``sampler.name: ode``) or any solver. Each iteration draws, per
+sample, ``K`` noise levels and noises ``(t_k, eps_k)`` (:class:`Draws`, fixed per sample and
+iteration and stored with the batch state, so the old and the new policy see the same draws) and
+forms ``x_t = (1 - t) x0 + t eps`` from the final sample ``x0``; the flow-matching target is
+``u = eps - x0`` and the velocity error ``e = v_theta(x_t, t, c) - u``.
+
+Weightings of the squared error (``weighting``), as log-likelihood proxies ``lp(e, t)``:
+
+============ ====================================================== ============================
+name         ``lp``                                                 source
+============ ====================================================== ============================
+uniform      ``-mean(e^2)``                                         the flow-matching loss
+x0           ``-t^2 mean(e^2)`` (= ``-mean((x0_hat - x0)^2)``)      ELBO paper's "t"
+adaptive     ``-t mean(e^2) / sg(mean|e|)`` (= ``-mean((x0_hat -    DiffusionNFT, ELBO paper
+             x0)^2) / sg(mean|x0_hat - x0|)``)                      (their default)
+ghuber       ``-((mean(e^2) + 1e-10)^p - 1e-10^p) t / p``           AWM (p = 0.25)
+============ ====================================================== ============================
+
+(``x0_hat - x0 = t (u - v)``, so the x0-space forms are these velocity-space ones.)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from flowgrpo.rl import losses
+from flowgrpo.rl.batch import RolloutBatch
+from flowgrpo.rl.ema import EMA
+from flowgrpo.rl.kl import KLInputs
+from flowgrpo.rl.objectives.base import OBJECTIVES, Objective, Policy, add_kl, fill
+from flowgrpo.rl.reference import reference
+from flowgrpo.rl.rollout import model_velocity
+from pipelines.base import LOGPROB_WEIGHT
+
+TIMESTEPS = ("uniform", "logit_normal")
+WEIGHTINGS = ("uniform", "x0", "adaptive", "ghuber")
+
+
+@dataclass
+class Draws:
+    """``t [B, K]`` noise levels and ``noise [B, K, ...]`` standard normals, one per draw."""
+
+    t: torch.Tensor
+    noise: torch.Tensor
+
+
+def draw(x0: torch.Tensor, k: int, timesteps: str,
+         generator: torch.Generator | list[torch.Generator],
+         t_range: tuple[float, float] = (0.02, 0.98)) -> Draws:
+    """``K`` draws per sample: ``t`` uniform in ``t_range`` or logit-normal (``sigmoid(N(0,
+    1))``, SD3's training density, clamped to ``t_range``), noise standard normal. With a list
+    of generators, sample ``i`` draws from ``generator[i]`` alone."""
+    if isinstance(generator, (list, tuple)):
+        parts = [draw(x0[i:i + 1], k, timesteps, g, t_range) for i, g in enumerate(generator)]
+        return Draws(torch.cat([p.t for p in parts]), torch.cat([p.noise for p in parts]))
+    b = x0.shape[0]
+    if timesteps == "uniform":
+        t = t_range[0] + (t_range[1] - t_range[0]) * torch.rand(b, k, generator=generator)
+    else:
+        t = torch.sigmoid(torch.randn(b, k, generator=generator)).clamp(*t_range)
+    noise = torch.randn(b, k, *x0.shape[1:], generator=generator)
+    return Draws(t.to(x0.device), noise.to(x0.device))
+
+
+def weighted_lp(err: torch.Tensor, t: torch.Tensor, weighting: str,
+                power: float = 0.25) -> torch.Tensor:
+    """``lp [n]`` from velocity errors ``err [n, ...]`` at noise levels ``t [n]`` (see the module
+    table); float32."""
+    flat = err.float().flatten(1)
+    mse = (flat * flat).mean(1)
+    if weighting == "uniform":
+        return -mse
+    if weighting == "x0":
+        return -(t * t) * mse
+    if weighting == "adaptive":
+        scale = (t * flat.abs().mean(1)).detach().clamp_min(1e-5)
+        return -(t * t) * mse / scale
+    return -((mse + 1e-10) ** power - 1e-10**power) * t / power
+
+
+class ForwardObjective(Objective):
+    """Shared machinery: draws, forward-noised velocities, the reference's velocities.
+
+    Args:
+        draws: ``K``, noise draws per sample and iteration.
+        timesteps: ``uniform`` or ``logit_normal`` density of ``t``.
+        weighting: ``uniform``, ``x0``, ``adaptive`` or ``ghuber`` (module table).
+        power: ``ghuber``'s exponent ``p``.
+        guidance: CFG scale of the training forwards (None: the run's ``model.guidance``; 1:
+            CFG-free training, e.g. when rollouts use CFG but training should not).
+    """
+
+    needs_transitions = False
+    kl_estimators = ("velocity_mse", "log_ratio")
+
+    def __init__(self, policy: Policy, draws: int = 4, timesteps: str = "uniform",
+                 weighting: str = "adaptive", power: float = 0.25,
+                 guidance: float | None = None) -> None:
+        super().__init__(policy)
+        if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+            raise ValueError(f"draws must be an integer >= 1, got {draws!r}")
+        if timesteps not in TIMESTEPS:
+            raise ValueError(f"timesteps must be one of {', '.join(TIMESTEPS)}, got {timesteps!r}")
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)}, "
+                             f"got {weighting!r}")
+        if not power > 0:
+            raise ValueError(f"power must be > 0, got {power}")
+        self.k, self.timesteps, self.weighting, self.power = draws, timesteps, weighting, power
+        self.guidance = policy.guidance if guidance is None else float(guidance)
+
+    def draws(self, batch: RolloutBatch) -> Draws:
+        from flowgrpo.seeding import hash_seed
+
+        # one stream per sample, keyed by its global index: the same on any number of processes
+        gens = [torch.Generator().manual_seed(hash_seed(self.policy.seed, batch.iteration, i, 3))
+                for i in batch.index.tolist()]
+        return draw(batch.traj.final.float().cpu(), self.k, self.timesteps, gens)
+
+    def velocities(self, batch: RolloutBatch, draws: Draws, idx: torch.Tensor,
+                   k: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """``(v, u, t)`` for samples ``idx`` and draws ``k`` (all ``K`` when None): the policy's
+        velocity at ``x_t`` (grad when enabled), the target and ``t``, each flattened to
+        ``[b * K', ...]``."""
+        device = batch.traj.latents.device
+        rows = idx.to(device)
+        ks = torch.arange(self.k) if k is None else k.reshape(-1).cpu()
+        x0 = batch.traj.final[rows].float()
+        t = draws.t[rows][:, ks].to(device)
+        eps = draws.noise[rows][:, ks].to(device).float()
+        x0 = x0[:, None].expand_as(eps)
+        tb = t.reshape(*t.shape, *([1] * (eps.ndim - 2)))  # [b, K', 1, ..., 1]
+        xt = (1 - tb) * x0 + tb * eps
+        flat = (-1, *x0.shape[2:])
+        cond = batch.traj.cond.index(idx.repeat_interleave(len(ks)))
+        p = self.policy
+        v = model_velocity(p.adapter, cond, self.guidance, p.autocast)(
+            xt.reshape(flat), t.reshape(-1))
+        u = (eps - x0).reshape(flat)
+        weight = cond.tensors.get(LOGPROB_WEIGHT)
+        if weight is not None:  # positions the model does not generate carry no error
+            v = torch.where(weight.to(v.device) > 0, v, u)
+        return v, u, t.reshape(-1)
+
+    def log_likelihoods(self, batch, draws, idx, k=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lp [b, K'], v)``: the weighted log-likelihood proxy of every draw."""
+        v, u, t = self.velocities(batch, draws, idx, k)
+        return weighted_lp(v - u, t, self.weighting, self.power).reshape(len(idx), -1), v
+
+    def old_log_likelihoods(self, batch: RolloutBatch, draws: Draws,
+                            rows: torch.Tensor | None) -> torch.Tensor:
+        """``[B, K]`` under the sampling policy, before any update (for ``rows``)."""
+        out = torch.zeros(len(batch.groups), self.k, device=batch.traj.latents.device)
+        return fill(out, batch, rows, self.policy.batch_size,
+                    lambda idx: self.log_likelihoods(batch, draws, idx)[0])
+
+    def kl_term(self, batch, draws, idx, k, v, logp):
+        """``[b]`` KL estimate against the reference on the same draws (None without a KL
+        term): ``v`` the policy's velocities, ``logp`` its log-likelihoods (mean over draws)."""
+        if self.kl is None:
+            return None
+        with torch.no_grad(), reference(self.policy.adapter):
+            ref_v, u, t = self.velocities(batch, draws, idx, k)
+        ref_lp = weighted_lp(ref_v - u, t, self.weighting, self.power).reshape(len(idx), -1)
+        return self.kl(KLInputs(v=v.reshape(len(idx), -1), ref_v=ref_v.reshape(len(idx), -1),
+                                logp=logp, ref_logp=None if logp is None else ref_lp.mean(1)))
+
+    def ratio_loss(self, batch, draws, logp_old, idx, k=None):
+        """The run's policy loss on ``exp(logp - logp_old)``, ``logp`` the mean log-likelihood
+        over draws ``k`` (all when None), plus ``beta`` times the KL (``elbo``, ``awm``)."""
+        p = self.policy
+        lp, v = self.log_likelihoods(batch, draws, idx, k)
+        logp = lp.mean(1)
+        weight = batch.sample_weights[idx].to(logp.device)
+        loss, metrics = losses.get(p.loss)(logp, logp_old.to(logp.device),
+                                           _advantage(batch, idx) * weight, **p.loss_params)
+        kl = self.kl_term(batch, draws, idx, k, v, logp)
+        return add_kl(loss, metrics, kl, weight, p.beta)
+
+
+def _advantage(batch: RolloutBatch, idx: torch.Tensor) -> torch.Tensor:
+    """``[b]`` outcome advantages (views, steps and regions are not used by these objectives)."""
+    return batch.advantages[idx].reshape(len(idx), -1)[:, 0]
+
+
+@OBJECTIVES.register("elbo")
+class ElboObjective(ForwardObjective):
+    """ELBO likelihood (Choi et al. 2026, "Rethinking the Design Space of Reinforcement Learning
+    for Diffusion Models: On the Importance of Likelihood Estimation Beyond Loss Design",
+    arXiv:2602.04663; code jaemoo-choi/rethinking-diffusion-rl ``src/utils/__init__.py``
+    ``compute_elbo``).
+
+    ``log p(x0) ~ -mean_k w(t_k) ||v_theta(x_t, t_k, c) - (eps_k - x0)||^2`` over the ``K``
+    stored draws (module docstring), then any registered policy loss (``train.loss``) on
+    ``ratio = exp(logp - logp_old)``; ``logp_old`` is computed on the same draws before the first
+    update, so the ratio is exactly 1 there. One training unit per minibatch: the ``K`` draws run
+    as one batched model call. The authors take one draw per unit from the sampler's own grid and
+    their adaptive weighting; here ``K`` draws are averaged into one log-likelihood (the
+    estimator's variance falls like ``1/K``; tested), ``t`` is uniform by default, and the
+    weighting is theirs (``adaptive``) by default.
+    """
+
+    def prepare(self, batch, rows=None):
+        draws = self.draws(batch)
+        return draws, self.old_log_likelihoods(batch, draws, rows).mean(1)
+
+    def units(self, batch):
+        return [None]
+
+    def loss(self, batch, state, idx, unit):
+        draws, old = state
+        return self.ratio_loss(batch, draws, old[idx], idx)
+
+
+@OBJECTIVES.register("awm")
+class AwmObjective(ForwardObjective):
+    """Advantage Weighted Matching (Xue et al. 2025; code scxue/advantage_weighted_matching
+    ``scripts/train_sd3_awm.py`` ``compute_log_prob_awm``; Flow-Factory ``trainers/rl/awm.py``).
+
+    The pretraining flow-matching loss on the generated samples, weighted by advantage: every
+    draw is its own training unit with log-likelihood proxy ``lp_k`` (default weighting
+    ``ghuber``, ``p = 0.25``, the authors' default), its own ratio ``exp(lp_k - lp_k_old)``
+    (``lp_old`` on the same draw before the first update) and the run's policy loss; the
+    stabilisers are the ratio's trust region (``train.loss_params``) and a velocity-MSE KL to the
+    reference (``train.beta``). At ratio 1 with ``uniform`` weighting the gradient is
+    ``mean_i A_i grad ||v - u||^2 / B``: with every advantage 1 the flow-matching gradient, with
+    every advantage 0 none. The authors also pull toward an EMA of the weights; not done here.
+    """
+
+    def __init__(self, policy: Policy, draws: int = 4, timesteps: str = "uniform",
+                 weighting: str = "ghuber", power: float = 0.25,
+                 guidance: float | None = None) -> None:
+        super().__init__(policy, draws, timesteps, weighting, power, guidance)
+
+    def prepare(self, batch, rows=None):
+        draws = self.draws(batch)
+        return draws, self.old_log_likelihoods(batch, draws, rows)
+
+    def units(self, batch):
+        return list(range(self.k))
+
+    def loss(self, batch, state, idx, unit):
+        draws, old = state
+        return self.ratio_loss(batch, draws, old[idx, unit], idx, torch.tensor([unit]))
+
+
+@OBJECTIVES.register("nft")
+class NftObjective(ForwardObjective):
+    """DiffusionNFT (Zheng et al. 2025, "DiffusionNFT: Online Diffusion Reinforcement with Forward
+    Process"; code NVlabs/DiffusionNFT ``scripts/train_nft_sd3.py``; Flow-Factory
+    ``trainers/rl/nft.py``).
+
+    The rewards become an optimality weight ``r = clamp(A / (2 adv_max) + 1/2, 0, 1)`` from the
+    group-normalised (and clipped) advantage ``A``. With the old (sampling) policy's velocity
+    ``v_old`` on the same draw, the implicit positive and negative policies are
+    ``v+ = (1 - b) v_old + b v_theta`` and ``v- = (1 + b) v_old - b v_theta``, and
+
+        loss = mean_i [ r_i L(v+_i) + (1 - r_i) L(v-_i) ],  L(v) = -lp(v - u, t)
+
+    with the module's weightings (``adaptive``, the authors' adaptive loss weighting, by default:
+    ``L = mean((x0_hat - x0)^2) / sg(mean|x0_hat - x0|)``). Every draw is a training unit. With
+    ``r = 1/2`` and ``theta = old`` the gradient is 0; with ``r = 1`` it is ``b`` times the
+    flow-matching gradient (both tested).
+
+    The old policy is a snapshot of the trainable weights that generates the rollouts and gives
+    ``v_old``; after each iteration ``old <- eta old + (1 - eta) theta`` with
+    ``eta = min(decay_rate * n, decay_max)``, ``n`` the iterations done (the authors' default
+    schedule, ``min(0.001 n, 0.5)``; ``decay_delay`` keeps ``eta = 0`` for the first iterations,
+    their OCR schedule). The snapshot is checkpointed. DiffusionNFT trains and samples without
+    CFG: set ``model.guidance: 1``, or keep CFG for rollouts and train CFG-free with
+    ``guidance: 1`` here. The loss takes no ratio, so ``train.loss`` is not used; its analogue of
+    "ratio 1 before the first update" is ``v_theta = v_old`` (``train/old_gap``, 0 at the first
+    iteration).
+
+    Args:
+        strength: ``b``, how far the implicit policies sit from the old one (authors: 1.0; 0.1
+            for OCR).
+        adv_max: the advantage that maps to ``r = 1`` (authors: 5, their advantage clip).
+        decay_rate, decay_max, decay_delay: the old policy's EMA schedule.
+    """
+
+    kl_estimators = ("velocity_mse",)
+
+    def __init__(self, policy: Policy, draws: int = 4, timesteps: str = "uniform",
+                 weighting: str = "adaptive", power: float = 0.25,
+                 guidance: float | None = None, strength: float = 1.0, adv_max: float = 5.0,
+                 decay_rate: float = 0.001, decay_max: float = 0.5,
+                 decay_delay: int = 0) -> None:
+        super().__init__(policy, draws, timesteps, weighting, power, guidance)
+        for key, value in (("strength", strength), ("adv_max", adv_max)):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{key} must be > 0, got {value}")
+        if not (0 <= decay_rate and 0 <= decay_max < 1 and decay_delay >= 0):
+            raise ValueError("nft needs decay_rate >= 0, 0 <= decay_max < 1, decay_delay >= 0")
+        self.b, self.adv_max = float(strength), float(adv_max)
+        self.decay_rate, self.decay_max, self.decay_delay = decay_rate, decay_max, decay_delay
+        self.old = EMA(policy.params, 0.0)
+        self.iterations = 0
+
+    def sampling(self):
+        return self.old.applied()
+
+    def after_update(self) -> None:
+        self.iterations += 1
+        n = max(self.iterations - self.decay_delay, 0)
+        self.old.decay = min(self.decay_rate * n, self.decay_max)
+        self.old.update()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {**{f"old.{k}": v for k, v in self.old.state_dict().items()},
+                "iterations": torch.tensor(self.iterations)}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.old.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("old.")})
+        self.iterations = int(state["iterations"])
+
+    def prepare(self, batch, rows=None):
+        draws = self.draws(batch)
+        final = batch.traj.final
+        out = torch.zeros(len(final), self.k, *final.shape[1:], device=final.device)
+        with self.old.applied():
+            fill(out, batch, rows, self.policy.batch_size,
+                 lambda idx: self.velocities(batch, draws, idx)[0])
+        return draws, out
+
+    def units(self, batch):
+        return list(range(self.k))
+
+    def optimality(self, adv: torch.Tensor) -> torch.Tensor:
+        """``r = clamp(A / (2 adv_max) + 1/2, 0, 1)``."""
+        return (adv / (2 * self.adv_max) + 0.5).clamp(0.0, 1.0)
+
+    def loss(self, batch, state, idx, unit):
+        draws, v_old_all = state
+        p = self.policy
+        k = torch.tensor([unit])
+        v, u, t = self.velocities(batch, draws, idx, k)
+        v_old = v_old_all[idx.to(v_old_all.device), unit].to(v.device)
+        pos = (1 - self.b) * v_old + self.b * v
+        neg = (1 + self.b) * v_old - self.b * v
+        r = self.optimality(_advantage(batch, idx).to(v.device))
+        weight = batch.sample_weights[idx].to(v.device)
+        per_sample = -(r * weighted_lp(pos - u, t, self.weighting, self.power)
+                       + (1 - r) * weighted_lp(neg - u, t, self.weighting, self.power))
+        loss = (per_sample * weight).mean()
+        gap = (v.detach() - v_old).abs().flatten(1).amax(1)
+        metrics: dict[str, Any] = {"train/old_gap": gap.max(), "train/optimality": r.mean()}
+        kl = self.kl_term(batch, draws, idx, k, v, None)
+        return add_kl(loss, metrics, kl, weight, p.beta)

@@ -1,0 +1,2 @@
+"""What a run folder holds: checkpoints (``checkpoint``), resuming (``resume``) and the metrics
+and media log (``tracking``)."""

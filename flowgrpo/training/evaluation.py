@@ -1,0 +1,114 @@
+"""Evaluation: the deterministic (Euler) sampler on fixed prompts with fixed per-image seeds.
+
+Each eval image ``i`` has its own seed, so its initial noise does not depend on the batch
+layout or the number of processes; the same model gives the same eval images every time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import torch
+
+import samplers
+from flowgrpo.config.schema import Config
+from flowgrpo.data.prompts import Prompt
+from flowgrpo.rl.batch import cat_rewards, chunks
+from flowgrpo.rl.rollout import RolloutSpec, rollout, solve
+from flowgrpo.training.reward_runner import RewardRunner
+from pipelines import Cond, FlowAdapter
+
+EVAL_SEED = 2**31 - 1
+
+
+def eval_items(prompts: list[Prompt], per_prompt: int) -> list[tuple[str, dict, int]]:
+    """``(prompt, metadata, seed)`` for every eval image, in a fixed order."""
+    return [(p, {**m, "group": i}, EVAL_SEED + i * per_prompt + j)
+            for i, (p, m) in enumerate(prompts) for j in range(per_prompt)]
+
+
+def fixed_noise(adapter: FlowAdapter, seeds: list[int]) -> torch.Tensor:
+    """Initial latents, one generator per image (batch-independent)."""
+    out = []
+    for seed in seeds:
+        gen = torch.Generator(adapter.device).manual_seed(seed)
+        out.append(adapter.noise(1, gen))
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def generate(
+    adapter: FlowAdapter,
+    encode: Callable[[list[str], list[dict]], Cond],
+    prompts: list[str],
+    seeds: list[int],
+    num_steps: int,
+    guidance: float,
+    batch_size: int,
+    sampler: samplers.Sampler | None = None,
+    autocast: Callable = nullcontext,
+    metadata: list[dict] | None = None,
+) -> torch.Tensor:
+    """Decoded media for ``prompts`` (one seed each, with their ``metadata``, which ``encode``
+    reads for image-conditioned families); Euler (:func:`solve`) unless a stochastic
+    ``sampler`` is given (then every step but the last is stochastic)."""
+    sigmas = adapter.schedule(num_steps)
+    metadata = metadata if metadata is not None else [{} for _ in prompts]
+    out = []
+    for sl in chunks(len(prompts), batch_size):
+        noise, cond = fixed_noise(adapter, seeds[sl]), encode(prompts[sl], metadata[sl])
+        if sampler is None or not sampler.is_stochastic:
+            final = solve(adapter, noise, sigmas, cond, guidance, autocast=autocast)
+        else:
+            gen = torch.Generator(adapter.device).manual_seed(seeds[sl][0])
+            trained = torch.arange(num_steps - 1).expand(len(noise), -1)
+            final = rollout(adapter, RolloutSpec(sampler, guidance, autocast=autocast), cond,
+                            noise, sigmas, trained, generator=gen).final
+        out.append(adapter.decode(final))
+    return torch.cat(out)
+
+
+class Evaluator:
+    """Eval reward of the current weights on ``prompts`` (shared by training and the CLI).
+
+    Args:
+        acc: the accelerate ``Accelerator`` (each process takes every world-th image).
+        tracker: where the eval grid is saved (optional).
+        ema: weights swapped in during eval (optional).
+    """
+
+    def __init__(self, cfg: Config, adapter: FlowAdapter, rewards: RewardRunner,
+                 prompts: list[Prompt], encode: Callable, acc, autocast: Callable = nullcontext,
+                 tracker=None, ema=None) -> None:
+        self.cfg, self.adapter, self.rewards = cfg, adapter, rewards
+        self.encode, self.acc, self.autocast = encode, acc, autocast
+        self.tracker, self.ema = tracker, ema
+        self.items = eval_items(prompts, cfg.data.eval_images_per_prompt)
+
+    def run(self, step: int) -> dict:
+        """``eval/reward`` (and ``eval/<component>``) over all processes; saves a grid."""
+        cfg, acc = self.cfg, self.acc
+        mine = self.items[acc.process_index::acc.num_processes]
+        prompts = [p for p, _, _ in mine]
+        with self.ema.applied() if self.ema is not None else nullcontext():
+            media = generate(self.adapter, self.encode, prompts, [s for _, _, s in mine],
+                             cfg.sampler.eval_num_steps or cfg.sampler.num_steps,
+                             cfg.model.guidance,
+                             cfg.train.sample_batch_size or cfg.train.batch_size,
+                             autocast=self.autocast, metadata=[m for _, m, _ in mine])
+        per_prompt = cfg.data.eval_images_per_prompt  # chunks keep a prompt's images together
+        out = cat_rewards([self.rewards.score(media[sl], prompts[sl], [m for _, m, _ in mine[sl]])
+                           for sl in chunks(len(mine), max(64 // per_prompt, 1) * per_prompt)])
+        # shards may differ in size: reduce sums and counts, not the scores themselves
+        parts = {"reward": out.scores, **(out.components or {})}
+        sums = torch.tensor([float(v.sum()) for v in parts.values()] + [float(len(mine))],
+                            device=acc.device)
+        if acc.num_processes > 1:
+            sums = acc.reduce(sums, reduction="sum")
+        metrics = {f"eval/{k}": (sums[i] / sums[-1]).item() for i, k in enumerate(parts)}
+        if self.tracker is not None:  # labeled: each row's prompt, each sample's reward
+            self.tracker.save_media(step, "eval", media, self.adapter.modality,
+                                    self.adapter.sample_rate, nrow=per_prompt, prompts=prompts,
+                                    scores=out.scores)
+        return metrics
