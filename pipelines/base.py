@@ -1,6 +1,6 @@
 """The adapter interface every model family implements, and the family registry.
 
-An adapter owns only what is model-specific (DESIGN.md, "Pipelines"): prompt encoding, initial
+An adapter owns only what is model-specific (docs/design.md, "The adapter contract"): prompt encoding, initial
 noise, the shifted schedule, the single model call (with CFG or a guidance embedding), decoding,
 and how a LoRA is saved so that the family's diffusers pipeline loads it back. Samplers, losses and
 the trainer never see model units (timesteps) or latent packing.
@@ -79,7 +79,7 @@ class Cond:
 
 
 class FlowAdapter(ABC):
-    """A flow-matching generator seen through the conventions of DESIGN.md.
+    """A flow-matching generator seen through the conventions of docs/design.md.
 
     Attributes:
         modality: ``"image"``, ``"video"`` or ``"audio"`` (what :meth:`decode` returns).

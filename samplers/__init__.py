@@ -1,4 +1,4 @@
-"""Samplers: from a velocity to the Gaussian of the next latent (DESIGN.md, "Samplers").
+"""Samplers: from a velocity to the Gaussian of the next latent (docs/design.md, "Samplers").
 
 ``get(name, **params)`` builds a registered sampler (``names()`` lists them); its
 ``transition(v, x, s, s')`` returns a :class:`Transition` ``(mean, std)``. Drawing ``x'``, the

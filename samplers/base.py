@@ -1,7 +1,7 @@
 """The sampler contract and the sampler-independent Gaussian math.
 
-A sampler turns one model velocity into the Gaussian of the next latent (DESIGN.md, "Samplers: a
-transition is a Gaussian"). Everything that does not depend on which sampler made the Gaussian
+A sampler turns one model velocity into the Gaussian of the next latent (docs/design.md,
+"Samplers"). Everything that does not depend on which sampler made the Gaussian
 lives here: drawing ``x'``, the log-density of a stored ``x'`` and the KL between two transitions
 from the same ``x``.
 

@@ -17,9 +17,9 @@ Every variant returns the same metric keys (detached float32 scalars):
 - ``train/approx_kl``: ``0.5 * mean((logp - logp_old)^2)`` (Schulman's k2 estimator);
 - ``train/ratio_mean``, ``train/ratio_min``, ``train/ratio_max``: of ``exp(logp - logp_old)``.
 
-Flow log-probs are means over latent elements (see DESIGN.md), so one update moves the ratio by
-about 1e-4 to 1e-3, not by the 0.1 to 0.3 of token log-probs: trust-region widths and gate
-temperatures are set accordingly (Flow-GRPO clips at 1e-4).
+Flow log-probs are means over latent elements (docs/design.md, "Conventions"), so one update
+moves the ratio by about 1e-4 to 1e-3, not by the 0.1 to 0.3 of token log-probs: trust-region
+widths and gate temperatures are set accordingly (Flow-GRPO clips at 1e-4).
 
 Everything is computed in float32. The KL penalty against the reference (``beta * KL``) and any
 per-step loss weight are the objective's business (:mod:`flowgrpo.rl.objectives`), not the loss's.
