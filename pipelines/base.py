@@ -1,9 +1,9 @@
 """The adapter interface every model family implements, and the family registry.
 
 An adapter owns only what is model-specific (docs/design.md, "The adapter contract"): prompt
-encoding, initial noise, the shifted schedule, the single model call (with CFG or a guidance embedding), decoding,
-and how a LoRA is saved so that the family's diffusers pipeline loads it back. Samplers, losses and
-the trainer never see model units (timesteps) or latent packing.
+encoding, initial noise, the shifted schedule, the single model call (with CFG or a guidance
+embedding), decoding, and how a LoRA is saved so that the family's diffusers pipeline loads it back.
+Samplers, losses and the trainer never see model units (timesteps) or latent packing.
 """
 
 from __future__ import annotations

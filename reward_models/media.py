@@ -1,8 +1,8 @@
 """The one place that turns model output into what rewards expect.
 
-Pipelines decode to plain tensors (docs/design.md, "Conventions"): image ``[B, 3, H, W]`` in [0, 1], video
-``[B, F, 3, H, W]`` in [0, 1], audio ``[B, C, T]`` in [-1, 1] plus a sample rate. The trainer wraps
-them in :class:`Media`; rewards call the converters below instead of guessing layouts.
+Pipelines decode to plain tensors (docs/design.md, "Conventions"): image ``[B, 3, H, W]`` in [0, 1],
+video ``[B, F, 3, H, W]`` in [0, 1], audio ``[B, C, T]`` in [-1, 1] plus a sample rate. The trainer
+wraps them in :class:`Media`; rewards call the converters below instead of guessing layouts.
 """
 
 from __future__ import annotations

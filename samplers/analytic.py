@@ -1,4 +1,5 @@
-"""The analytic test bed: Gaussian data, whose flow is known in closed form (docs/design.md, "Samplers").
+"""The analytic test bed: Gaussian data, whose flow is known in closed form (docs/design.md,
+"Samplers").
 
 Data ``x0 ~ N(mu, c^2)`` per dimension, ``x_s = (1 - s) x0 + s eps``:
 

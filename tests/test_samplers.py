@@ -277,7 +277,8 @@ def test_cps_point_mass_keeps_every_marginal(noise_level):
 
 
 def test_cps_shrinks_variance_of_spread_data():
-    # Not a discretization of the marginal SDE (docs/design.md, "Samplers"): with c > 0 its variance falls short.
+    # Not a discretization of the marginal SDE (docs/design.md, "Samplers"): with c > 0 its
+    # variance falls short.
     steps, n = 100, 20_000
     g = torch.Generator().manual_seed(6)
     x1, noises = torch.randn(n, generator=g), torch.randn(steps, n, generator=g)

@@ -1,11 +1,11 @@
 """Model-call accounting: transformer calls per sample, with and without gradient.
 
 Sample efficiency is compared on model calls, not iterations (docs/design.md, "Data flow of one
-iteration"). A forward pre-hook on the transformer counts the rows of every call: a call on
-``b`` samples counts ``b``, and classifier-free guidance, which runs as one batched call on ``2b`` rows, counts
-``2b``. Calls under ``torch.no_grad`` (rollout, completions, reference, old-policy recomputes)
-go to ``calls/nograd``, calls that build a graph (training forwards) to ``calls/grad``; the
-running totals are ``calls/nograd_total`` and ``calls/grad_total``. Eval is not counted. Counts
+iteration"). A forward pre-hook on the transformer counts the rows of every call: a call on ``b``
+samples counts ``b``, and classifier-free guidance, which runs as one batched call on ``2b`` rows,
+counts ``2b``. Calls under ``torch.no_grad`` (rollout, completions, reference, old-policy
+recomputes) go to ``calls/nograd``, calls that build a graph (training forwards) to ``calls/grad``;
+the running totals are ``calls/nograd_total`` and ``calls/grad_total``. Eval is not counted. Counts
 are per process, like every batch size (the logged value is their mean over processes).
 """
 
