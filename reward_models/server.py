@@ -115,85 +115,114 @@ def decode_output(body: dict) -> RewardOutput:
     )
 
 
-def _handler(reward: Reward, max_batch: int, max_bytes: int, token: str | None) -> type:
-    lock = threading.Lock()
+class _Reply(Exception):
+    """An answer that ends the handling of a request: ``code`` and its JSON ``payload``."""
 
-    class Handler(BaseHTTPRequestHandler):
-        timeout = 120  # seconds a stalled client may hold a connection
+    def __init__(self, code: int, payload: dict) -> None:
+        super().__init__(code)
+        self.code, self.payload = code, payload
 
-        def log_message(self, fmt: str, *args: Any) -> None:
-            log.debug("%s " + fmt, self.address_string(), *args)
 
-        def _send(self, code: int, payload: dict) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(code)
-            if code == 401:
-                self.send_header("WWW-Authenticate", "Bearer")
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+class RewardHandler(BaseHTTPRequestHandler):
+    """``GET /health`` and ``POST /score`` for one reward; :func:`_handler` binds the reward and
+    the limits as class attributes (``http.server`` builds one handler per request)."""
 
-        def _discard(self, length: int) -> None:
-            """Drop a refused body. Reading it (up to a bound) lets the client receive the error
-            instead of a connection reset; beyond the bound the connection is closed."""
+    timeout = 120  # seconds a stalled client may hold a connection
+    reward: Reward
+    max_batch: int
+    max_bytes: int
+    token: str | None
+    lock: threading.Lock
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        log.debug("%s " + fmt, self.address_string(), *args)
+
+    def _send(self, code: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        if code == 401:
+            self.send_header("WWW-Authenticate", "Bearer")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _discard(self, length: int) -> None:
+        """Drop a refused body. Reading it (up to a bound) lets the client receive the error
+        instead of a connection reset; beyond the bound the connection is closed."""
+        self.close_connection = True
+        remaining = min(max(length, 0), DRAIN_LIMIT)
+        while remaining > 0:
+            chunk = self.rfile.read(min(remaining, 2**16))
+            if not chunk:
+                break
+            remaining -= len(chunk)
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") == "/health":
+            groupwise = bool(getattr(self.reward, "groupwise", False))
+            self._send(200, {"status": "ok", "groupwise": groupwise,
+                             "max_batch": self.max_batch})
+        else:
+            self._send(404, {"error": f"unknown path {self.path!r}; use /health or /score"})
+
+    def do_POST(self) -> None:
+        try:
+            length = self._admit()
+            media, prompts, metadata = self._read(length)
+            self._send(200, encode_output(self._score(media, prompts, metadata)))
+        except _Reply as reply:
+            self._send(reply.code, reply.payload)
+
+    def _admit(self) -> int:
+        """The body length of an acceptable request; raises :class:`_Reply` for a wrong path, a
+        missing length, a wrong token or a body over ``max_bytes`` (drained first)."""
+        if self.path.rstrip("/") != "/score":
+            raise _Reply(404, {"error": f"unknown path {self.path!r}; POST to /score"})
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
             self.close_connection = True
-            remaining = min(max(length, 0), DRAIN_LIMIT)
-            while remaining > 0:
-                chunk = self.rfile.read(min(remaining, 2**16))
-                if not chunk:
-                    break
-                remaining -= len(chunk)
-
-        def do_GET(self) -> None:
-            if self.path.rstrip("/") == "/health":
-                groupwise = bool(getattr(reward, "groupwise", False))
-                self._send(200, {"status": "ok", "groupwise": groupwise, "max_batch": max_batch})
-            else:
-                self._send(404, {"error": f"unknown path {self.path!r}; use /health or /score"})
-
-        def do_POST(self) -> None:
-            if self.path.rstrip("/") != "/score":
-                self._send(404, {"error": f"unknown path {self.path!r}; POST to /score"})
-                return
-            try:
-                length = int(self.headers.get("Content-Length", ""))
-            except ValueError:
-                self.close_connection = True
-                self._send(411, {"error": "a Content-Length header is required"})
-                return
-            if token is not None:
-                given = self.headers.get("Authorization", "")
-                if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                    self._discard(length)
-                    self._send(401, {"error": "missing or wrong bearer token"})
-                    return
-            if length > max_bytes or length < 0:
+            raise _Reply(411, {"error": "a Content-Length header is required"}) from None
+        if self.token is not None:
+            given = self.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
                 self._discard(length)
-                self._send(413, {"error": f"body of {length} bytes exceeds max_bytes={max_bytes}"})
-                return
-            try:
-                body = json.loads(self.rfile.read(length))
-                media, prompts, metadata = decode_request(body, max_batch)
-            except OverflowError as e:
-                self._send(413, {"error": str(e)})
-                return
-            except (ValueError, TypeError, KeyError, OSError) as e:
-                self._send(400, {"error": f"malformed request: {e}"})
-                return
-            try:
-                with lock:
-                    out = reward(media, prompts, metadata)
-            except (ValueError, TypeError) as e:
-                self._send(400, {"error": f"{type(e).__name__}: {e}"})
-                return
-            except Exception as e:  # any reward failure: report it, keep serving
-                log.exception("reward failed")
-                self._send(500, {"error": f"{type(e).__name__}: {e}"})
-                return
-            self._send(200, encode_output(out))
+                raise _Reply(401, {"error": "missing or wrong bearer token"})
+        if length > self.max_bytes or length < 0:
+            self._discard(length)
+            raise _Reply(413, {"error": f"body of {length} bytes exceeds "
+                                        f"max_bytes={self.max_bytes}"})
+        return length
 
-    return Handler
+    def _read(self, length: int) -> tuple[Media, list[str], list[dict]]:
+        """The request's media, prompts and metadata; a malformed body is a 400, a batch over
+        ``max_batch`` a 413."""
+        try:
+            return decode_request(json.loads(self.rfile.read(length)), self.max_batch)
+        except OverflowError as e:
+            raise _Reply(413, {"error": str(e)}) from None
+        except (ValueError, TypeError, KeyError, OSError) as e:
+            raise _Reply(400, {"error": f"malformed request: {e}"}) from None
+
+    def _score(self, media: Media, prompts: list[str], metadata: list[dict]) -> RewardOutput:
+        """The reward's output, one request at a time; a bad input is a 400, any other reward
+        failure a 500 (logged) and the server keeps serving."""
+        try:
+            with self.lock:
+                return self.reward(media, prompts, metadata)
+        except (ValueError, TypeError) as e:
+            raise _Reply(400, {"error": f"{type(e).__name__}: {e}"}) from None
+        except Exception as e:  # any reward failure: report it, keep serving
+            log.exception("reward failed")
+            raise _Reply(500, {"error": f"{type(e).__name__}: {e}"}) from None
+
+
+def _handler(reward: Reward, max_batch: int, max_bytes: int, token: str | None) -> type:
+    """A :class:`RewardHandler` subclass bound to ``reward`` and the limits."""
+    return type("Handler", (RewardHandler,), {
+        "reward": staticmethod(reward), "max_batch": max_batch, "max_bytes": max_bytes,
+        "token": token, "lock": threading.Lock()})
 
 
 class RewardServer:
