@@ -7,9 +7,8 @@ The Python API (:mod:`flowgrpo.api`) is reachable from here: ``flowgrpo.load_con
 """
 
 import importlib
-import importlib.abc
-import importlib.util
 import sys
+import types
 import warnings
 
 __version__ = "0.1.0"
@@ -33,27 +32,29 @@ _MOVED = {
 module it became (README, "Changelog"), so plug-ins written against the old paths keep working."""
 
 
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Resolves ``flowgrpo.<old name>`` to the module of :data:`_MOVED`, with a
-    DeprecationWarning that names the new path."""
+class _MovedModule(types.ModuleType):
+    """Stands in ``sys.modules`` for ``flowgrpo.<old name>`` until first used, then imports the
+    module it became (with a DeprecationWarning that names the new path) and hands over to it.
 
-    def find_spec(self, fullname, path=None, target=None):
-        package, _, leaf = fullname.rpartition(".")
-        if package == __name__ and leaf in _MOVED:
-            return importlib.util.spec_from_loader(fullname, self)
-        return None
+    A placeholder module rather than an import hook: importing flowgrpo leaves ``sys.meta_path``
+    alone, and the moved module is only imported when something reads from it."""
 
-    def create_module(self, spec):
-        new = f"{__name__}.{_MOVED[spec.name.rpartition('.')[2]]}"
-        warnings.warn(f"{spec.name} moved to {new}", DeprecationWarning, stacklevel=2)
-        return importlib.import_module(new)
+    def _moved(self) -> types.ModuleType:
+        old = self.__name__
+        new = f"{__name__}.{_MOVED[old.rpartition('.')[2]]}"
+        warnings.warn(f"{old} moved to {new}", DeprecationWarning, stacklevel=3)
+        module = importlib.import_module(new)
+        sys.modules[old] = module
+        return module
 
-    def exec_module(self, module) -> None:
-        """The module is the moved one, already executed."""
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # module scans (inspect, pickle, pytest) must not import it
+            raise AttributeError(name)
+        return getattr(self._moved(), name)
 
 
-if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
-    sys.meta_path.append(_MovedModules())
+for _old in _MOVED:
+    sys.modules.setdefault(f"{__name__}.{_old}", _MovedModule(f"{__name__}.{_old}"))
 
 
 def __getattr__(name: str):
@@ -61,6 +62,9 @@ def __getattr__(name: str):
         from flowgrpo import api
 
         return getattr(api, name)
+    if name in _MOVED:
+        module = sys.modules[f"{__name__}.{name}"]
+        return module._moved() if isinstance(module, _MovedModule) else module
     raise AttributeError(f"module 'flowgrpo' has no attribute {name!r}")
 
 

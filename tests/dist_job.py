@@ -33,4 +33,10 @@ def main(model_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    try:
+        main(sys.argv[1], sys.argv[2])
+    finally:
+        # gloo keeps threads of its own: a group still alive while the interpreter tears down
+        # can end a rank in std::terminate (SIGABRT) after its work is done and written
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -48,5 +48,11 @@ def main(out: str, batch: int, epochs: int = 2, resume: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), *(int(a) for a in sys.argv[3:4]),
-         *(a == "resume" for a in sys.argv[4:5]))
+    try:
+        main(sys.argv[1], int(sys.argv[2]), *(int(a) for a in sys.argv[3:4]),
+             *(a == "resume" for a in sys.argv[4:5]))
+    finally:
+        # gloo keeps threads of its own: a group still alive while the interpreter tears down
+        # can end a rank in std::terminate (SIGABRT) after its work is done and written
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -182,5 +182,11 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    main(sys.argv[1])
+    try:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        main(sys.argv[1])
+    finally:
+        # gloo keeps threads of its own: a group still alive while the interpreter tears down
+        # can end a rank in std::terminate (SIGABRT) after its work is done and written
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
