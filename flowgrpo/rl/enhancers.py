@@ -31,11 +31,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-import random
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from flowgrpo import seeding
 from flowgrpo.registry import Registry
 from reward_models.remote import post_with_retries
 
@@ -197,8 +197,7 @@ class TemplateEnhancer:
         views = []
         for prompt in prompts:
             pool = self.candidates(prompt) or [prompt]
-            # A str seed is hashed with SHA-512, so this does not depend on PYTHONHASHSEED.
-            random.Random(f"{seed}\x00{prompt}").shuffle(pool)
+            seeding.python_random("enhancer_shuffle", seed, prompt).shuffle(pool)
             views.append([pool[i % len(pool)] for i in range(num_views)])
         return views
 

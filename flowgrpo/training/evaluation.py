@@ -16,15 +16,14 @@ from flowgrpo.config.schema import Config
 from flowgrpo.data.prompts import Prompt
 from flowgrpo.rl.batch import cat_rewards, chunks
 from flowgrpo.rl.rollout import RolloutSpec, rollout, solve
+from flowgrpo.seeding import stream_seed
 from flowgrpo.training.reward_runner import RewardRunner
 from pipelines import Cond, FlowAdapter
-
-EVAL_SEED = 2**31 - 1
 
 
 def eval_items(prompts: list[Prompt], per_prompt: int) -> list[tuple[str, dict, int]]:
     """``(prompt, metadata, seed)`` for every eval image, in a fixed order."""
-    return [(p, {**m, "group": i}, EVAL_SEED + i * per_prompt + j)
+    return [(p, {**m, "group": i}, stream_seed("eval_noise", i * per_prompt + j))
             for i, (p, m) in enumerate(prompts) for j in range(per_prompt)]
 
 
