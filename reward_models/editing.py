@@ -34,6 +34,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from flowgrpo.errors import one_line
+
 from .base import RewardOutput, register
 from .cache import FileCache
 from .media import Media, check_batch, require, resize_crop
@@ -44,10 +46,6 @@ from .regions import box_cells, letterbox, mask_cells
 CACHE_FILES = 256  # decoded source / mask files kept in memory
 _LUMA = (0.299, 0.587, 0.114)  # ITU-R BT.601
 _REGION_KEYS = ("image", "mask", "boxes", "box_metadata")
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(f"{type(error).__name__}: {error}".split())
 
 
 def _decode(name: str, mode: str) -> torch.Tensor:
@@ -69,7 +67,8 @@ def _read(path: str, mode: str, what: str) -> torch.Tensor:
     try:
         return FILES.get(path, mode)
     except Exception as error:  # noqa: BLE001 - any decoding failure becomes one line
-        raise ValueError(f"cannot read {what} {path!r} ({_one_line(error)})") from None
+        reason = one_line(error, with_type=True)
+        raise ValueError(f"cannot read {what} {path!r} ({reason})") from None
 
 
 def _is_path(value: Any) -> bool:

@@ -58,6 +58,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from flowgrpo.errors import one_line
+
 from .base import RewardOutput, register
 from .cache import FileCache
 from .clip import pick_device
@@ -485,8 +487,7 @@ def load_speaker_encoder(weights: str | os.PathLike | None = None) -> SpeakerEnc
         else:
             state = torch.load(name, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unreadable file gets the same one-line message
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ValueError(f"cannot read speaker encoder weights {name!r}: {first}") from None
+        raise ValueError(f"cannot read speaker encoder weights {name!r}: {one_line(err)}") from None
     if isinstance(state, dict) and isinstance(state.get("model_state"), dict):
         state = state["model_state"]
     model = SpeakerEncoder()

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from flowgrpo import seeding
+from flowgrpo.errors import one_line
 from flowgrpo.registry import Registry
 from reward_models.remote import post_with_retries
 
@@ -214,9 +215,8 @@ def _resolve(target: str) -> Callable[..., Any]:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as err:
-        reason = " ".join(str(err).split())
         raise ValueError(
-            f"enhancer target {target!r}: cannot import {module_name!r} ({reason})"
+            f"enhancer target {target!r}: cannot import {module_name!r} ({one_line(err)})"
         ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):

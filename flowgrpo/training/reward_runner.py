@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from flowgrpo.config.schema import RewardConfig, RunConfig
-from flowgrpo.errors import RunError
+from flowgrpo.errors import RunError, one_line
 from flowgrpo.rl.batch import cat_rewards
 from pipelines import FlowAdapter
 from reward_models import Media, RewardOutput
@@ -136,7 +136,7 @@ class RewardRunner:
                     raise RewardStop(f"{fault.message} (run.on_nonfinite: stop)") from None
                 error = fault.message
             except Exception as err:  # noqa: BLE001 - a user's reward may raise anything
-                error = f"reward {self.name} raised {type(err).__name__}: {_first_line(err)}"
+                error = f"reward {self.name} raised {one_line(err, with_type=True)}"
         if policy == "skip_group":
             return _zeros(n, self.weights), torch.ones(n, dtype=torch.bool)
         tries = f" after {attempt + 1} tries" if attempt else ""
@@ -171,11 +171,6 @@ class RewardRunner:
         for key, value in out.info.items():
             metrics[f"{prefix}/{key}"] = float(value)
         return metrics
-
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else "(no message)"
 
 
 def _zeros(n: int, keys: dict | None) -> RewardOutput:
