@@ -14,11 +14,12 @@ import torch
 import samplers
 from flowgrpo.config.schema import Config
 from flowgrpo.data.prompts import Prompt
-from flowgrpo.rl.batch import cat_rewards, chunks
+from flowgrpo.rl.batch import chunks
 from flowgrpo.rl.rollout import RolloutSpec, rollout, solve
 from flowgrpo.seeding import stream_seed
 from flowgrpo.training.reward_runner import RewardRunner
 from pipelines import Cond, FlowAdapter
+from reward_models import RewardOutput
 
 
 def eval_items(prompts: list[Prompt], per_prompt: int) -> list[tuple[str, dict, int]]:
@@ -97,8 +98,9 @@ class Evaluator:
                              cfg.train.sample_batch_size or cfg.train.batch_size,
                              autocast=self.autocast, metadata=[m for _, m, _ in mine])
         per_prompt = cfg.data.eval_images_per_prompt  # chunks keep a prompt's images together
-        out = cat_rewards([self.rewards.score(media[sl], prompts[sl], [m for _, m, _ in mine[sl]])
-                           for sl in chunks(len(mine), max(64 // per_prompt, 1) * per_prompt)])
+        out = RewardOutput.cat([
+            self.rewards.score(media[sl], prompts[sl], [m for _, m, _ in mine[sl]])
+            for sl in chunks(len(mine), max(64 // per_prompt, 1) * per_prompt)])
         # shards may differ in size: reduce sums and counts, not the scores themselves
         parts = {"reward": out.scores, **(out.components or {})}
         sums = torch.tensor([float(v.sum()) for v in parts.values()] + [float(len(mine))],

@@ -14,7 +14,6 @@ import torch
 
 from flowgrpo.config.schema import RewardConfig, RunConfig
 from flowgrpo.errors import RunError, one_line
-from flowgrpo.rl.batch import cat_rewards
 from pipelines import FlowAdapter
 from reward_models import Media, RewardOutput
 from reward_models.checks import RewardFault, check_output
@@ -110,7 +109,7 @@ class RewardRunner:
             out, mask = self._checked(job)
             outputs.append(out)
             bad.append(mask)
-        out, unusable = cat_rewards(_conform(outputs, bad)), torch.cat(bad)
+        out, unusable = RewardOutput.cat(_conform(outputs, bad)), torch.cat(bad)
         if groups is not None and bool(unusable.any()):  # a group is used whole or not at all
             unusable = torch.isin(groups.cpu(), groups.cpu()[unusable])
         if bool(unusable.any()):
