@@ -61,6 +61,7 @@ def generate(
         if sampler is None or not sampler.is_stochastic:
             final = solve(adapter, noise, sigmas, cond, guidance, autocast=autocast)
         else:
+            # the chunk's step noise: from its first image's seed (a stream seed already)
             gen = torch.Generator(adapter.device).manual_seed(seeds[sl][0])
             trained = torch.arange(num_steps - 1).expand(len(noise), -1)
             final = rollout(adapter, RolloutSpec(sampler, guidance, autocast=autocast), cond,
