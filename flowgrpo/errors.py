@@ -37,3 +37,14 @@ class ConfigError(FlowgrpoError, ValueError):
 
 class PluginError(ConfigError):
     """A reference or an entry point that cannot be loaded (one line: what, where, why)."""
+
+
+def one_line(err: BaseException, *, with_type: bool = False) -> str:
+    """``err`` for a one-line report: the first line of its message (a library's message may run
+    on into a paragraph or a traceback), prefixed ``Type: `` with ``with_type``; its type's name
+    alone when it has no message."""
+    lines = str(err).strip().splitlines()
+    name = type(err).__name__
+    if not lines:
+        return name
+    return f"{name}: {lines[0]}" if with_type else lines[0]

@@ -41,6 +41,25 @@ class RewardOutput:
     components: dict[str, torch.Tensor] | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def cat(cls, outputs: list[RewardOutput]) -> RewardOutput:
+        """The outputs of consecutive chunks of one batch as one, on the CPU in float32; each
+        ``info`` value becomes the mean of the chunks' values weighted by their sizes."""
+        sizes = torch.tensor([len(o.scores) for o in outputs], dtype=torch.float32)
+        scores = torch.cat([o.scores.float().cpu() for o in outputs])
+        regions = None
+        if outputs[0].regions is not None:
+            regions = torch.cat([o.regions.float().cpu() for o in outputs])
+        components = None
+        if outputs[0].components:
+            components = {k: torch.cat([o.components[k].float().cpu() for o in outputs])
+                          for k in outputs[0].components}
+        info = {}
+        for key in outputs[0].info:
+            values = torch.tensor([float(o.info[key]) for o in outputs])
+            info[key] = float((values * sizes).sum() / sizes.sum())
+        return cls(scores, regions, components, info)
+
 
 class Reward(Protocol):
     """Any callable with this signature is a reward.

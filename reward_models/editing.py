@@ -29,14 +29,15 @@ from __future__ import annotations
 
 import math
 import os
-import threading
-from collections import OrderedDict
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from flowgrpo.errors import one_line
+
 from .base import RewardOutput, register
+from .cache import FileCache
 from .media import Media, check_batch, require, resize_crop
 from .mix import build_reward
 from .ocr import OCRAccuracy
@@ -47,46 +48,27 @@ _LUMA = (0.299, 0.587, 0.114)  # ITU-R BT.601
 _REGION_KEYS = ("image", "mask", "boxes", "box_metadata")
 
 
-def _one_line(error: BaseException) -> str:
-    return " ".join(f"{type(error).__name__}: {error}".split())
+def _decode(name: str, mode: str) -> torch.Tensor:
+    """``mode`` ``"RGB"`` -> ``[3, h, w]`` uint8; ``"L"`` -> ``[h, w]`` uint8."""
+    import numpy as np
+    from PIL import Image, ImageOps
+
+    with Image.open(name) as im:
+        array = np.asarray(ImageOps.exif_transpose(im).convert(mode), dtype=np.uint8)
+    value = torch.from_numpy(array.copy())
+    return value.permute(2, 0, 1).contiguous() if mode == "RGB" else value
 
 
-class _FileCache:
-    """Decoded images keyed by (absolute path, mode, modification time); LRU, thread-safe."""
-
-    def __init__(self, max_items: int = CACHE_FILES) -> None:
-        self.max_items = max_items
-        self.items: OrderedDict[tuple[str, str, int], torch.Tensor] = OrderedDict()
-        self.lock = threading.Lock()
-        self.loads = 0  # files decoded so far (for tests and benchmarks)
-
-    def get(self, path: str, mode: str, what: str) -> torch.Tensor:
-        """``mode`` ``"RGB"`` -> ``[3, h, w]`` uint8; ``"L"`` -> ``[h, w]`` uint8."""
-        import numpy as np
-        from PIL import Image, ImageOps
-
-        name = os.path.abspath(path)
-        try:
-            key = (name, mode, os.stat(name).st_mtime_ns)
-            with self.lock:
-                if key in self.items:
-                    self.items.move_to_end(key)
-                    return self.items[key]
-            with Image.open(name) as im:
-                array = np.asarray(ImageOps.exif_transpose(im).convert(mode), dtype=np.uint8)
-        except Exception as error:  # noqa: BLE001 - any decoding failure becomes one line
-            raise ValueError(f"cannot read {what} {path!r} ({_one_line(error)})") from None
-        value = torch.from_numpy(array.copy())
-        value = value.permute(2, 0, 1).contiguous() if mode == "RGB" else value
-        with self.lock:
-            self.loads += 1
-            self.items[key] = value
-            while len(self.items) > self.max_items:
-                self.items.popitem(last=False)
-        return value
+FILES: FileCache[torch.Tensor] = FileCache(_decode, max_items=CACHE_FILES)
 
 
-FILES = _FileCache()
+def _read(path: str, mode: str, what: str) -> torch.Tensor:
+    """The decoded file ``path`` (see :func:`_decode`); any failure is one line naming ``what``."""
+    try:
+        return FILES.get(path, mode)
+    except Exception as error:  # noqa: BLE001 - any decoding failure becomes one line
+        reason = one_line(error, with_type=True)
+        raise ValueError(f"cannot read {what} {path!r} ({reason})") from None
 
 
 def _is_path(value: Any) -> bool:
@@ -97,7 +79,7 @@ def load_source(value: Any, size: tuple[int, int], reward: str) -> torch.Tensor:
     """Source image (path or ``[3, h, w]`` in [0, 1]) -> ``[3, *size]`` float32 in [0, 1]."""
     what = f"reward {reward!r}: metadata['image']"
     if _is_path(value):
-        image = FILES.get(os.fspath(value), "RGB", what).float() / 255.0
+        image = _read(os.fspath(value), "RGB", what).float() / 255.0
     else:
         image = torch.as_tensor(value).detach().float().cpu()
         if image.dim() != 3 or image.shape[0] != 3:
@@ -112,7 +94,7 @@ def edit_pixels(meta: dict, size: tuple[int, int], reward: str) -> torch.Tensor 
     if value is not None:
         what = f"reward {reward!r}: metadata['mask']"
         if _is_path(value):
-            mask = FILES.get(os.fspath(value), "L", what).float() / 255.0
+            mask = _read(os.fspath(value), "L", what).float() / 255.0
         else:
             mask = torch.as_tensor(value).detach().float().cpu().clamp(0, 1)
             if mask.dim() != 2:

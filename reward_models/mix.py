@@ -20,12 +20,12 @@ sample     ``scores_k[i]`` for one reward ``k`` drawn per sample with probabilit
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from flowgrpo import seeding
 from flowgrpo.registry import Registry, short_name
 
 from .base import Reward, RewardOutput, get, register
@@ -44,11 +44,8 @@ def weighted_mode(scores: torch.Tensor, weights: torch.Tensor, metadata: list[di
 def _unit_draw(seed: int, meta: dict, position: int) -> float:
     """A uniform number in [0, 1) keyed by the seed and the sample's identity."""
     if "sample" in meta and "iteration" in meta:
-        key = f"{seed}/{meta['iteration']}/{meta['sample']}"
-    else:
-        key = f"{seed}/eval/{meta.get('group', '')}/{position}"
-    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2.0**64
+        return seeding.uniform("mix_draw", seed, meta["iteration"], meta["sample"])
+    return seeding.uniform("mix_eval_draw", seed, meta.get("group", ""), position)
 
 
 @MIX_MODES.register("sample")

@@ -39,6 +39,8 @@ import time
 import urllib.error
 import urllib.request
 
+from flowgrpo.errors import one_line
+
 from .base import RewardOutput, register
 from .checks import RewardFault, check_output
 from .media import Media, check_batch
@@ -109,7 +111,7 @@ def _network_failure(err: BaseException, timeout: float) -> str:
         return "the server closed the connection without answering"
     if isinstance(reason, ConnectionResetError):
         return "connection reset"
-    return " ".join(f"{type(reason).__name__}: {reason}".split())
+    return one_line(reason, with_type=True)
 
 
 def post_with_retries(url: str, body: bytes, *, timeout: float, retries: int, backoff: float,

@@ -50,6 +50,7 @@ import sys
 import threading
 import warnings
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from flowgrpo.errors import one_line
+
 from .base import RewardOutput, register
+from .cache import FileCache
 from .clip import pick_device
 from .media import Media, check_batch, require, to_mono
 from .ocr import levenshtein
@@ -109,30 +113,17 @@ def reference_paths(metadata: list[dict], key: str, default: str | None, reward:
     return paths
 
 
-class _FileCache:
-    """Features of reference files, computed once per (resolved path, modification time)."""
+def reference_cache(compute: Callable[[torch.Tensor], Any], what: str) -> FileCache:
+    """``compute(audio)`` of reference WAV files (``[T]`` 16 kHz audio), once per file: read by
+    :func:`read_wav`, whose one-line errors name ``what``."""
 
-    def __init__(self, compute: Any, what: str) -> None:
-        self.compute, self.what = compute, what
-        self.items: dict[tuple[str, int], Any] = {}
-        self.lock = threading.Lock()
-
-    def get(self, path: str) -> Any:
-        name = os.path.abspath(path)
-        try:
-            key = (name, os.stat(name).st_mtime_ns)
-        except OSError:
-            key = (name, -1)  # read_wav reports the missing file
-        with self.lock:
-            if key in self.items:
-                return self.items[key]
-        audio, rate = read_wav(name, self.what)
+    def load(name: str) -> Any:
         from flowgrpo.audio import resample
 
-        value = self.compute(resample(audio, rate, SAMPLE_RATE))
-        with self.lock:
-            self.items[key] = value
-        return value
+        audio, rate = read_wav(name, what)
+        return compute(resample(audio, rate, SAMPLE_RATE))
+
+    return FileCache(load)
 
 
 # --- mel features --------------------------------------------------------------------------------
@@ -496,8 +487,7 @@ def load_speaker_encoder(weights: str | os.PathLike | None = None) -> SpeakerEnc
         else:
             state = torch.load(name, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unreadable file gets the same one-line message
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ValueError(f"cannot read speaker encoder weights {name!r}: {first}") from None
+        raise ValueError(f"cannot read speaker encoder weights {name!r}: {one_line(err)}") from None
     if isinstance(state, dict) and isinstance(state.get("model_state"), dict):
         state = state["model_state"]
     model = SpeakerEncoder()
@@ -595,8 +585,8 @@ class SpeakerSimilarity:
         self.device = pick_device(device)
         self.model = load_speaker_encoder(weights).to(self.device)
         self.speaker_wav, self.batch_size = speaker_wav, int(batch_size)
-        self.references = _FileCache(lambda audio: self.embed([audio])[0],
-                                     "speaker_sim: metadata['speaker_wav'] file")
+        self.references = reference_cache(lambda audio: self.embed([audio])[0],
+                                          "speaker_sim: metadata['speaker_wav'] file")
 
     @torch.no_grad()
     def embed(self, clips: list[torch.Tensor]) -> torch.Tensor:
@@ -705,7 +695,7 @@ class MelCepstralDistortion:
         if not 1 <= int(n_ceps) < N_MELS:
             raise ValueError(f"mcd n_ceps must be in 1..{N_MELS - 1}, got {n_ceps}")
         self.reference_wav, self.n_ceps, self.trim_db = reference_wav, int(n_ceps), trim_db
-        self.references = _FileCache(self.cepstra, "mcd: metadata['reference_wav'] file")
+        self.references = reference_cache(self.cepstra, "mcd: metadata['reference_wav'] file")
 
     def cepstra(self, audio: torch.Tensor) -> np.ndarray:
         """``[T]`` 16 kHz audio -> ``[frames, n_ceps]`` (see :func:`mel_cepstra`)."""

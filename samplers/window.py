@@ -13,7 +13,8 @@ needs only the iteration number (``random`` draws from ``(seed, iteration)``, no
 from __future__ import annotations
 
 import math
-import random
+
+from flowgrpo import seeding
 
 STRATEGIES = ("progressive", "random", "fixed", "decay", "exp_decay")
 
@@ -198,8 +199,7 @@ class Window:
                 index += 1
             begin = sweep[index]
         else:
-            # A string seed is hashed with SHA-512 by `random`: stable across runs and processes.
-            rng = random.Random(f"flowgrpo-window:{self.seed}:{iteration}")
+            rng = seeding.python_random("window_start", self.seed, iteration)
             begin = rng.randint(self.start, last_start)
         return begin, begin + self.size
 

@@ -17,6 +17,7 @@ from flowgrpo import console
 from flowgrpo.config.io import load_config
 from flowgrpo.config.schema import Config
 from flowgrpo.data.prompts import load_prompts
+from flowgrpo.seeding import stream_seed
 from flowgrpo.training.evaluation import Evaluator, generate
 from flowgrpo.training.model_setup import load_adapter
 from flowgrpo.training.reward_runner import RewardRunner
@@ -61,7 +62,7 @@ def sample(cfg: Config | None, run: str | None, prompts: list[str] | None, sampl
              else load_prompts(cfg.data.eval_prompts or cfg.data.prompts))
     all_prompts = [p for p, _ in items for _ in range(num)]
     all_metadata = [m for _, m in items for _ in range(num)]
-    seeds = [seed + i for i in range(len(all_prompts))]
+    seeds = [stream_seed("sample_noise", seed, i) for i in range(len(all_prompts))]
     media = generate(adapter, adapter.encode_inputs, all_prompts, seeds,
                      num_steps or cfg.sampler.eval_num_steps or cfg.sampler.num_steps,
                      cfg.model.guidance, cfg.train.sample_batch_size or cfg.train.batch_size,

@@ -24,7 +24,7 @@ import argparse
 import os
 import sys
 
-from flowgrpo.errors import ConfigError, FlowgrpoError
+from flowgrpo.errors import ConfigError, FlowgrpoError, one_line
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -248,12 +248,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def one_line(err: BaseException) -> str:
-    """The first line of an error's message (its type when it has none)."""
-    text = str(err).strip().splitlines()
-    return text[0] if text else type(err).__name__
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run a command; every fault is one line on stderr and a non-zero exit (2: config, 1: other
     faults, 130/143: SIGINT/SIGTERM), with the traceback only under ``--debug`` or
@@ -283,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         elif isinstance(err, FlowgrpoError):
             message = one_line(err)
         else:  # an unexpected fault: still one line, with the way to see more
-            message = (f"{type(err).__name__}: {one_line(err)} (rerun with --debug for the "
+            message = (f"{one_line(err, with_type=True)} (rerun with --debug for the "
                        "traceback)")
         print(f"flowgrpo: {message}", file=sys.stderr)
         return getattr(err, "exit_code", 1)

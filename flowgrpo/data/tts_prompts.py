@@ -16,6 +16,8 @@ from __future__ import annotations
 import random
 import re
 
+from flowgrpo import seeding
+
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
          "fourteen fifteen sixteen seventeen eighteen nineteen").split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
@@ -170,7 +172,7 @@ def hard_prompts(count: int = 100, seed: int = 0) -> list[tuple[str, dict]]:
     every prompt is distinct (within what the templates can make)."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
-    rng = random.Random(seed)
+    rng = seeding.python_random("tts_hard_prompts", seed)
     out: list[tuple[str, dict]] = []
     seen: set[str] = set()
     for i in range(count):

@@ -28,24 +28,6 @@ def cat_trajectories(trajs: list[Trajectory]) -> Trajectory:
     )
 
 
-def cat_rewards(outputs: list[RewardOutput]) -> RewardOutput:
-    """Concatenate reward outputs of consecutive chunks (info values are averaged by size)."""
-    sizes = torch.tensor([len(o.scores) for o in outputs], dtype=torch.float32)
-    scores = torch.cat([o.scores.float().cpu() for o in outputs])
-    regions = None
-    if outputs[0].regions is not None:
-        regions = torch.cat([o.regions.float().cpu() for o in outputs])
-    components = None
-    if outputs[0].components:
-        components = {k: torch.cat([o.components[k].float().cpu() for o in outputs])
-                      for k in outputs[0].components}
-    info = {}
-    for key in outputs[0].info:
-        values = torch.tensor([float(o.info[key]) for o in outputs])
-        info[key] = float((values * sizes).sum() / sizes.sum())
-    return RewardOutput(scores, regions, components, info)
-
-
 @dataclass
 class RolloutBatch:
     """Everything one process rolled out in an epoch, and what later phases add to it.

@@ -31,11 +31,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-import random
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from flowgrpo import seeding
+from flowgrpo.errors import one_line
 from flowgrpo.registry import Registry
 from reward_models.remote import post_with_retries
 
@@ -197,8 +198,7 @@ class TemplateEnhancer:
         views = []
         for prompt in prompts:
             pool = self.candidates(prompt) or [prompt]
-            # A str seed is hashed with SHA-512, so this does not depend on PYTHONHASHSEED.
-            random.Random(f"{seed}\x00{prompt}").shuffle(pool)
+            seeding.python_random("enhancer_shuffle", seed, prompt).shuffle(pool)
             views.append([pool[i % len(pool)] for i in range(num_views)])
         return views
 
@@ -215,9 +215,8 @@ def _resolve(target: str) -> Callable[..., Any]:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as err:
-        reason = " ".join(str(err).split())
         raise ValueError(
-            f"enhancer target {target!r}: cannot import {module_name!r} ({reason})"
+            f"enhancer target {target!r}: cannot import {module_name!r} ({one_line(err)})"
         ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):

@@ -20,12 +20,12 @@ flash    one step per prompt group, all its samples at it      Flash-GRPO
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import torch
 
 import samplers
+from flowgrpo import seeding
 from flowgrpo.registry import Registry
 from samplers import Sampler
 
@@ -152,8 +152,7 @@ class FlashSteps(StepSelection):
         candidates = self.candidates(sigmas, sampler)
         chosen = {}
         for g in sorted(set(groups.tolist())):
-            # a string seed is hashed with SHA-512 by `random`: stable across runs and processes
-            rng = random.Random(f"flowgrpo-flash:{self.seed}:{iteration}:{g}")
+            rng = seeding.python_random("flash_step", self.seed, iteration, g)
             chosen[g] = rng.choice(candidates)
         return torch.tensor([[chosen[g]] for g in groups.tolist()], dtype=torch.long)
 

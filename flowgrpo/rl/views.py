@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from flowgrpo import seeding
 from flowgrpo.rl import enhancers
 from flowgrpo.rl.batch import RolloutBatch
 
@@ -35,7 +36,8 @@ class Views:
         """``V`` lists of ``B`` captions: ``[prompts, view 1, ..., view num_views]``; the samples
         of one prompt share its views."""
         unique = sorted(set(prompts))
-        extra = self.enhancer(unique, self.num_views, self.seed * 1_000_003 + iteration)
+        extra = self.enhancer(unique, self.num_views,
+                             seeding.stream_seed("views", self.seed, iteration))
         table = dict(zip(unique, extra))
         return [prompts] + [[table[p][v] for p in prompts] for v in range(self.num_views)]
 

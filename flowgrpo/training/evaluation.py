@@ -14,17 +14,17 @@ import torch
 import samplers
 from flowgrpo.config.schema import Config
 from flowgrpo.data.prompts import Prompt
-from flowgrpo.rl.batch import cat_rewards, chunks
+from flowgrpo.rl.batch import chunks
 from flowgrpo.rl.rollout import RolloutSpec, rollout, solve
+from flowgrpo.seeding import stream_seed
 from flowgrpo.training.reward_runner import RewardRunner
 from pipelines import Cond, FlowAdapter
-
-EVAL_SEED = 2**31 - 1
+from reward_models import RewardOutput
 
 
 def eval_items(prompts: list[Prompt], per_prompt: int) -> list[tuple[str, dict, int]]:
     """``(prompt, metadata, seed)`` for every eval image, in a fixed order."""
-    return [(p, {**m, "group": i}, EVAL_SEED + i * per_prompt + j)
+    return [(p, {**m, "group": i}, stream_seed("eval_noise", i * per_prompt + j))
             for i, (p, m) in enumerate(prompts) for j in range(per_prompt)]
 
 
@@ -61,6 +61,7 @@ def generate(
         if sampler is None or not sampler.is_stochastic:
             final = solve(adapter, noise, sigmas, cond, guidance, autocast=autocast)
         else:
+            # the chunk's step noise: from its first image's seed (a stream seed already)
             gen = torch.Generator(adapter.device).manual_seed(seeds[sl][0])
             trained = torch.arange(num_steps - 1).expand(len(noise), -1)
             final = rollout(adapter, RolloutSpec(sampler, guidance, autocast=autocast), cond,
@@ -98,8 +99,9 @@ class Evaluator:
                              cfg.train.sample_batch_size or cfg.train.batch_size,
                              autocast=self.autocast, metadata=[m for _, m, _ in mine])
         per_prompt = cfg.data.eval_images_per_prompt  # chunks keep a prompt's images together
-        out = cat_rewards([self.rewards.score(media[sl], prompts[sl], [m for _, m, _ in mine[sl]])
-                           for sl in chunks(len(mine), max(64 // per_prompt, 1) * per_prompt)])
+        out = RewardOutput.cat([
+            self.rewards.score(media[sl], prompts[sl], [m for _, m, _ in mine[sl]])
+            for sl in chunks(len(mine), max(64 // per_prompt, 1) * per_prompt)])
         # shards may differ in size: reduce sums and counts, not the scores themselves
         parts = {"reward": out.scores, **(out.components or {})}
         sums = torch.tensor([float(v.sum()) for v in parts.values()] + [float(len(mine))],

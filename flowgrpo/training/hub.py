@@ -19,7 +19,7 @@ from pathlib import Path
 import pipelines
 from flowgrpo.config.schema import ModelConfig
 from flowgrpo.data.files import read_utf8
-from flowgrpo.errors import ConfigError
+from flowgrpo.errors import ConfigError, one_line
 
 HUB_PROBE_SECONDS = 3.0
 """How long :func:`hub_reachable` waits for a connection to the hub (or its proxy)."""
@@ -103,7 +103,7 @@ def _hub_index(repo_id: str, options: dict) -> dict | None:
                                         revision=options.get("revision"))
     except ValueError as err:  # huggingface_hub's HFValidationError: not a valid repo id
         raise ConfigError(f"model.path: {repo_id!r} is neither a local folder nor a valid hub id "
-                          f"({str(err).splitlines()[0]})") from None
+                          f"({one_line(err)})") from None
     if isinstance(cached, str):
         return _read_index(Path(cached))
     why = "HF_HUB_OFFLINE is set" if hub_offline() else None

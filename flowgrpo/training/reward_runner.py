@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from flowgrpo.config.schema import RewardConfig, RunConfig
-from flowgrpo.errors import RunError
-from flowgrpo.rl.batch import cat_rewards
+from flowgrpo.errors import RunError, one_line
 from pipelines import FlowAdapter
 from reward_models import Media, RewardOutput
 from reward_models.checks import RewardFault, check_output
@@ -110,7 +109,7 @@ class RewardRunner:
             out, mask = self._checked(job)
             outputs.append(out)
             bad.append(mask)
-        out, unusable = cat_rewards(_conform(outputs, bad)), torch.cat(bad)
+        out, unusable = RewardOutput.cat(_conform(outputs, bad)), torch.cat(bad)
         if groups is not None and bool(unusable.any()):  # a group is used whole or not at all
             unusable = torch.isin(groups.cpu(), groups.cpu()[unusable])
         if bool(unusable.any()):
@@ -136,7 +135,7 @@ class RewardRunner:
                     raise RewardStop(f"{fault.message} (run.on_nonfinite: stop)") from None
                 error = fault.message
             except Exception as err:  # noqa: BLE001 - a user's reward may raise anything
-                error = f"reward {self.name} raised {type(err).__name__}: {_first_line(err)}"
+                error = f"reward {self.name} raised {one_line(err, with_type=True)}"
         if policy == "skip_group":
             return _zeros(n, self.weights), torch.ones(n, dtype=torch.bool)
         tries = f" after {attempt + 1} tries" if attempt else ""
@@ -171,11 +170,6 @@ class RewardRunner:
         for key, value in out.info.items():
             metrics[f"{prefix}/{key}"] = float(value)
         return metrics
-
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else "(no message)"
 
 
 def _zeros(n: int, keys: dict | None) -> RewardOutput:

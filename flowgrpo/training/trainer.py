@@ -40,7 +40,7 @@ from flowgrpo.rl.views import Views
 from flowgrpo.run import checkpoint as ckpt
 from flowgrpo.run import resume as resume_lib
 from flowgrpo.run.tracking import Tracker, new_run_dir
-from flowgrpo.seeding import hash_seed
+from flowgrpo.seeding import generator, stream_seed
 from flowgrpo.training.calls import CallCounter
 from flowgrpo.training.evaluation import Evaluator
 from flowgrpo.training.model_setup import compile_forward, load_adapter, make_trainable
@@ -86,7 +86,7 @@ class Trainer:
         if main:
             print(f"flowgrpo: {engines.describe(self.acc)}; run directory {self.run_dir}",
                   flush=True)
-        set_seed(cfg.run.seed + self.rank)
+        set_seed(stream_seed("process", cfg.run.seed, self.rank))
 
         self.adapter = load_adapter(cfg.model, self.acc.device)
         self.params = make_trainable(cfg.model, self.adapter)
@@ -235,14 +235,14 @@ class Trainer:
         cfg = self.cfg
         k = cfg.train.group_size
         n = cfg.train.batch_size
-        gen = torch.Generator().manual_seed(hash_seed(cfg.run.seed, epoch))
+        gen = generator("prompt_groups", cfg.run.seed, epoch)
         texts, metas, groups = sample_groups(self.prompts, n // k * self.world, k, gen)
         mine = slice(self.rank * n, (self.rank + 1) * n)
         texts, metas, groups = texts[mine], metas[mine], groups[mine]
         index = torch.arange(self.rank * n, (self.rank + 1) * n)
         # a sample's identity, for rewards that draw per sample (reward.mix_mode: sample)
         metas = [{**m, "iteration": epoch, "sample": i} for m, i in zip(metas, index.tolist())]
-        gens = [torch.Generator(self.acc.device).manual_seed(hash_seed(cfg.run.seed, epoch, i, 1))
+        gens = [generator("rollout_noise", cfg.run.seed, epoch, i, device=self.acc.device)
                 for i in index.tolist()]
         sigmas = self.adapter.schedule(cfg.sampler.num_steps)
         trained = self.selection.select(sigmas, groups, epoch, self.sampler)
@@ -333,7 +333,7 @@ class Trainer:
         count = 0.0
         norms: list[float] = []  # the gradient norm of each step taken (the same everywhere)
         skipped = 0
-        gen = torch.Generator().manual_seed(hash_seed(self.cfg.run.seed, epoch, 2))
+        gen = generator("minibatch_order", self.cfg.run.seed, epoch)
         for _ in range(cfg.num_inner_epochs):
             order = keep[torch.randperm(len(keep), generator=gen)]
             for m in range(n_mb):
@@ -411,7 +411,7 @@ class Trainer:
         n = len(batch.groups)
         advantages = self.acc.gather(batch.advantages.contiguous()).cpu()
         groups = self.acc.gather(batch.groups.to(self.acc.device)).cpu()
-        gen = torch.Generator().manual_seed(hash_seed(self.cfg.run.seed, epoch, 4))
+        gen = generator("pruning", self.cfg.run.seed, epoch)
         local, weight = self.pruner(advantages[keep], groups[keep], gen)
         kept = keep[local.cpu()]
         weights = torch.zeros(len(groups))

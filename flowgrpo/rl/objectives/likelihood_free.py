@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from flowgrpo import seeding
 from flowgrpo.rl import losses
 from flowgrpo.rl.batch import RolloutBatch
 from flowgrpo.rl.ema import EMA
@@ -117,10 +118,8 @@ class ForwardObjective(Objective):
         self.guidance = policy.guidance if guidance is None else float(guidance)
 
     def draws(self, batch: RolloutBatch) -> Draws:
-        from flowgrpo.seeding import hash_seed
-
         # one stream per sample, keyed by its global index: the same on any number of processes
-        gens = [torch.Generator().manual_seed(hash_seed(self.policy.seed, batch.iteration, i, 3))
+        gens = [seeding.generator("objective_draws", self.policy.seed, batch.iteration, i)
                 for i in batch.index.tolist()]
         return draw(batch.traj.final.float().cpu(), self.k, self.timesteps, gens)
 
