@@ -23,6 +23,7 @@ import yaml
 from flowgrpo.config.schema import Config
 from flowgrpo.data.files import SHIPPED, read_utf8
 from flowgrpo.errors import ConfigError
+from flowgrpo.validation import is_integer, is_number
 
 DEFAULT_CONFIG = SHIPPED / "digits.yaml"
 
@@ -154,7 +155,7 @@ def _coerce(key: str, value: Any, type_name: str) -> Any:
     want = _TYPES[type_name]
     if want is float:
         value = _as_float(key, value)
-    if (want is int and isinstance(value, bool)) or not isinstance(value, want):
+    if not (is_integer(value) if want is int else isinstance(value, want)):
         raise ConfigError(
             f"{key}: expected {type_name}, got {type(value).__name__} {value!r}"
         )
@@ -163,7 +164,7 @@ def _coerce(key: str, value: Any, type_name: str) -> Any:
 
 def _as_float(key: str, value: Any) -> Any:
     """``value`` as a finite float when it is a number or a numeric string; else unchanged."""
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+    if not (is_number(value) or isinstance(value, str)):
         return value
     try:
         number = float(value)

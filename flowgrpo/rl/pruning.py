@@ -53,7 +53,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from flowgrpo.registry import Registry, bind_params
+from flowgrpo.registry import Registry
+from flowgrpo.validation import is_number, one_of
 
 Pruner = Callable[[Tensor, Tensor, torch.Generator], tuple[Tensor, Tensor]]
 
@@ -114,12 +115,10 @@ class DPPOPruner:
     def __init__(self, group_rate: float = 0.5, sample_rate: float = 0.5,
                  level: str = "hierarchical", drop_zero: bool = True) -> None:
         for name, rate in (("group_rate", group_rate), ("sample_rate", sample_rate)):
-            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
-                    0.0 <= rate < 1.0):
+            if not is_number(rate) or not 0.0 <= rate < 1.0:
                 raise ValueError(f"dppo {name} must be a number in [0, 1) (a rate of 1 gives a "
                                  f"zero keep probability and a biased gradient), got {rate!r}")
-        if level not in LEVELS:
-            raise ValueError(f"dppo level must be one of {', '.join(LEVELS)}, got {level!r}")
+        one_of("dppo level", level, LEVELS)
         if not isinstance(drop_zero, bool):
             raise ValueError(f"dppo drop_zero must be true or false, got {drop_zero!r}")
         self.group_rate, self.sample_rate = float(group_rate), float(sample_rate)
@@ -180,18 +179,14 @@ class DPPOPruner:
 
 
 def build(name: str, **params) -> Pruner:
-    """The pruner registered as ``name`` (``none``, ``dppo``) built with ``params``.
+    """The pruner registered as ``name`` built with ``params``.
 
     Raises:
         UnknownNameError: an unknown name (a ValueError naming the valid ones).
-        ValueError: an unknown parameter or a bad value, in one line.
+        ValueError: an unknown parameter (:class:`~flowgrpo.registry.ParameterError`) or a bad
+            value, in one line.
     """
-    factory = PRUNERS.get(name)
-    try:
-        bind_params(factory, params)
-    except TypeError as err:
-        raise ValueError(f"pruner {name!r}: {err}") from None
-    return factory(**params)
+    return PRUNERS.build(name, **params)
 
 
 def names() -> list[str]:
