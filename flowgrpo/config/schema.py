@@ -317,16 +317,18 @@ class Config:
     def check_sampler(self) -> None:
         """A deterministic sampler is allowed exactly when nothing needs per-step transitions."""
         import samplers
+        from flowgrpo.config.pieces import builtin_names
         from flowgrpo.rl.objectives import OBJECTIVES
 
         tc = self.train
         if samplers.build(self.sampler.name, **self.sampler.params).is_stochastic:
             return
+        free = [n for n in builtin_names("objective") if not OBJECTIVES.get(n).needs_transitions]
         require(not OBJECTIVES.get(tc.objective).needs_transitions, "sampler",
                 f"{self.sampler.name} {self.sampler.params}",
                 f"a deterministic sampler (std 0) has no transitions for objective "
                 f"{tc.objective!r} to train; use a noise level > 0 or a likelihood-free objective "
-                "(elbo, nft, awm)")
+                f"({', '.join(free)})")
         require(tc.step_selection == "all" and tc.credit == "outcome", "sampler",
                 self.sampler.name, "a deterministic sampler has no stochastic steps to select or "
                 "credit: use train.step_selection: all and train.credit: outcome")

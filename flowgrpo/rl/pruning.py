@@ -64,7 +64,7 @@ LEVELS = ("hierarchical", "group", "sample")
 __all__ = ["LEVELS", "PRUNERS", "DPPOPruner", "NoPruner", "build", "names", "saved_fraction"]
 
 
-def _check(adv: Tensor, groups: Tensor) -> tuple[Tensor, Tensor]:
+def _scores(adv: Tensor, groups: Tensor) -> tuple[Tensor, Tensor]:
     """Validate; return ``(score [B] float32 = mean |A| per sample, groups long [B])`` on CPU.
     An empty batch (nothing left to train, e.g. every group's rewards were equal) is valid."""
     if adv.ndim == 0:
@@ -91,13 +91,13 @@ class NoPruner:
 
     def __call__(self, adv: Tensor, groups: Tensor,
                  generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        score, _ = _check(adv, groups)
+        score, _ = _scores(adv, groups)
         n = len(score)
         return _result(torch.arange(n), torch.ones(n), adv.device)
 
     def keep_probabilities(self, adv: Tensor, groups: Tensor) -> Tensor:
         """``[B]`` float32 ones."""
-        return torch.ones(len(_check(adv, groups)[0]))
+        return torch.ones(len(_scores(adv, groups)[0]))
 
 
 @PRUNERS.register("dppo")
@@ -150,7 +150,7 @@ class DPPOPruner:
 
     def keep_probabilities(self, adv: Tensor, groups: Tensor) -> Tensor:
         """``[B]`` float32: the probability that each sample is kept (its weight is 1 / it)."""
-        p_group, p_sample, _ = self._probabilities(*_check(adv, groups))
+        p_group, p_sample, _ = self._probabilities(*_scores(adv, groups))
         return p_group * p_sample
 
     def __call__(self, adv: Tensor, groups: Tensor,
@@ -166,7 +166,7 @@ class DPPOPruner:
             ``(keep [k] long, weight [k] float32)`` on ``adv``'s device, ``keep`` ascending:
             the kept sample indices and their importance weights ``1 / p_keep``.
         """
-        p_group, p_sample, inverse = self._probabilities(*_check(adv, groups))
+        p_group, p_sample, inverse = self._probabilities(*_scores(adv, groups))
         # one coin per group and one per sample, always both, so the draws depend only on B
         # and the number of groups
         num_groups = int(inverse.max()) + 1 if len(inverse) else 0
