@@ -24,7 +24,7 @@ from torch import Tensor
 from flowgrpo.registry import Registry
 
 SAMPLERS: Registry[type[Sampler]] = Registry("sampler")
-"""Sampler classes by name; ``SAMPLERS.get(name)(**params)`` builds one (see :func:`get`)."""
+"""Sampler classes by name; ``SAMPLERS.build(name, **params)`` builds one (see :func:`build`)."""
 
 Sigma = float | Tensor
 """A noise level: a Python float shared by the batch or a ``[B]`` tensor (one per sample)."""
