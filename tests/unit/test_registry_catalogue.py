@@ -49,3 +49,17 @@ def test_every_kind_with_plug_ins_is_named_by_a_config_key_and_has_its_group_in_
         if kind.group:
             assert kind.name in checked, kind.name
             assert f"`{kind.group}`" in README, kind.group
+
+
+def test_every_declared_home_holds_the_registry_of_its_kind():
+    from flowgrpo.config.pieces import registry_of, resolve
+    from flowgrpo.registry import Registry, entry_point_group
+
+    for kind in KINDS:
+        if not kind.group:  # a fixed list of names
+            assert isinstance(resolve(kind.name), tuple) and resolve(kind.name)
+            continue
+        registry = registry_of(kind.name)
+        assert isinstance(registry, Registry) and registry.kind == kind.name
+        assert registry.title == kind.title and registry.group == kind.group
+        assert entry_point_group(kind.name) == kind.group
