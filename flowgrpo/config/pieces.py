@@ -142,12 +142,13 @@ def check_slot(config: Any, slot: Slot) -> Any:
         if slot.optional and not name:
             continue
         found = piece(key, name, registry)
-        label = getattr(found, "__name__", repr(found)) if is_reference(name) else \
-            f"{slot.kind} {name!r}"
         try:
             if slot.build and (not slot.only_if or _value(config, slot.only_if)):
                 found = registry.build(name, **params)
             elif params_key and not slot.build:
+                # a reference is named by its attribute (``sharpness``), not its whole path
+                label = (getattr(found, "__name__", name) if is_reference(name)
+                         else f"{slot.kind} {name!r}")
                 check_params(found, params, slot.skip, slot.supplied, label)
         except (TypeError, ValueError) as err:
             raise ConfigError(f"{params_key}: {err}") from None
