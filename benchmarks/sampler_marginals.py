@@ -59,7 +59,7 @@ def table(flow: GaussianFlow, shift: float, n: int, seed: int) -> str:
         "| --- |" + " ---: |" * len(STEPS),
     ]
     for label, name, params in ROWS:
-        sampler = samplers.get(name, **params)
+        sampler = samplers.build(name, **params)
         errors = [
             w2_to_marginal(final_samples(sampler, flow, schedule(k, shift), x1, noises[:k]), flow)
             for k in STEPS

@@ -81,7 +81,7 @@ def main() -> None:
                 ("cer", {"vocabulary": ASSETS / "vocabulary.txt"}, "vocabulary"),
                 ("cer", {}, "language model")]
     for name, params, label in settings:
-        reward = reward_models.get(name, **params)
+        reward = reward_models.build(name, **params)
         good, seconds = timed(reward, media, right, none, args.repeats)
         bad = reward(media, wrong, none).scores
         row(name, label, good, bad, seconds, ("right", "wrong"))

@@ -1,9 +1,14 @@
 """Name -> factory registries shared by every extension kind (samplers, losses, rewards, ...).
 
-One lookup per kind: an unknown name raises :class:`UnknownNameError` listing the valid names, so
-a typo in a config fails at load time with the fix in the message. Each registry also takes
-plug-ins from outside the package (entry points, ``module:attribute`` and ``file.py:attribute``
-references; the loaders at the end of this module).
+One dialect for every kind: ``registry.get(name)`` looks a name up, ``registry.build(name, *args,
+**params)`` checks ``params`` against the target's signature and constructs it. An unknown name
+raises :class:`UnknownNameError` listing the valid names, an unknown parameter a
+:class:`ParameterError` naming the closest valid one, so a typo in a config fails at load time
+with the fix in the message. :data:`KINDS` declares every kind once (its title in ``flowgrpo
+list``, its entry-point group, where its registry lives); the plug-in groups, the listing, the
+config checks and the help texts read it. Each registry also takes plug-ins from outside the
+package (entry points, ``module:attribute`` and ``file.py:attribute`` references; the loaders at
+the end of this module).
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import inspect
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -52,27 +58,92 @@ def origin_of(obj: Any) -> str:
     return f"python ({module or 'unknown module'})"
 
 
+@dataclass(frozen=True)
+class Kind:
+    """One kind of piece, declared once in :data:`KINDS`.
+
+    Attributes:
+        name: what error messages call one piece (``"sampler"``); the :class:`Registry`'s kind.
+        title: the row of ``flowgrpo list`` (``"samplers"``).
+        group: the entry-point group installed distributions register pieces under
+            (``"flowgrpo.samplers"``); ``""`` for a fixed list of names that takes no plug-ins.
+        home: ``module:attribute`` of the registry (or the fixed list), in the package whose
+            import registers every built-in. Resolved by the layers above (the configuration
+            checks, the command line), never here: the ground imports nothing of the project.
+    """
+
+    name: str
+    title: str
+    group: str
+    home: str
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind("pipeline family", "pipelines", "flowgrpo.families", "pipelines:FAMILIES"),
+    Kind("sampler", "samplers", "flowgrpo.samplers", "samplers:SAMPLERS"),
+    Kind("objective", "objectives", "flowgrpo.objectives", "flowgrpo.rl.objectives:OBJECTIVES"),
+    Kind("loss", "losses", "flowgrpo.losses", "flowgrpo.rl.losses:LOSSES"),
+    Kind("step selection", "step selections", "flowgrpo.step_selections",
+         "flowgrpo.rl.step_selection:STEP_SELECTIONS"),
+    Kind("window strategy", "window strategies", "", "samplers.window:STRATEGIES"),
+    Kind("credit", "credits", "flowgrpo.credits", "flowgrpo.rl.credit:CREDITS"),
+    Kind("condition enhancer", "enhancers", "flowgrpo.enhancers",
+         "flowgrpo.rl.enhancers:ENHANCERS"),
+    Kind("advantage estimator", "advantages", "flowgrpo.advantages",
+         "flowgrpo.rl.advantages:ADVANTAGES"),
+    Kind("kl estimator", "kl estimators", "flowgrpo.kl_estimators",
+         "flowgrpo.rl.kl:KL_ESTIMATORS"),
+    Kind("pruner", "pruners", "flowgrpo.pruners", "flowgrpo.rl.pruning:PRUNERS"),
+    Kind("reward", "rewards", "flowgrpo.rewards", "reward_models:REWARDS"),
+    Kind("mix mode", "mix modes", "flowgrpo.mix_modes", "reward_models.mix:MIX_MODES"),
+)
+"""Every kind of piece, in the order ``flowgrpo list`` shows them."""
+
+
+def declaration(name: str) -> Kind:
+    """The declaration of kind ``name`` (``"sampler"``); one not in :data:`KINDS` (a registry a
+    test or a plug-in makes for itself) gets the title ``<name>s`` and the group
+    ``flowgrpo.<name>s``, spaces as underscores."""
+    for declared in KINDS:
+        if declared.name == name:
+            return declared
+    plural = name.replace(" ", "_") + "s"
+    return Kind(name, name + "s", f"flowgrpo.{plural}", "")
+
+
 class UnknownNameError(ValueError):
     """Raised when a registry is asked for a name it does not hold."""
+
+
+class ParameterError(TypeError, ValueError):
+    """A parameter a piece does not take, or a required one missing.
+
+    Python raises a ``TypeError`` for an unexpected keyword and the pieces raise ``ValueError``
+    for a bad value; this is both, so a caller catching either for "bad parameters" catches it.
+    """
 
 
 class Registry(Generic[T]):
     """A named collection of factories (functions or classes) of one kind.
 
     Besides the names registered in code, a registry holds the entry points of installed
-    distributions (group ``flowgrpo.<kind>s``, listed without importing them) and resolves
-    ``module:attribute`` / ``path/to/file.py:attribute`` references on first use (the loaders
-    at the end of this module). Every name has an origin: ``built-in``, ``entry point ...``,
-    ``file ...``, ``module ...`` or ``python (<module>)``.
+    distributions (its kind's group in :data:`KINDS`, listed without importing them) and
+    resolves ``module:attribute`` / ``path/to/file.py:attribute`` references on first use (the
+    loaders at the end of this module). Every name has an origin: ``built-in``, ``entry point
+    ...``, ``file ...``, ``module ...`` or ``python (<module>)``.
 
     Args:
-        kind: what the registry holds, used in error messages ("sampler", "loss", ...).
+        kind: what the registry holds, used in error messages ("sampler", "loss", ...); its
+            title and entry-point group come from its declaration in :data:`KINDS`.
         adapt: turns a plugged-in object (reference or entry point) into what the registry holds
             (the reward registry wraps plain scoring functions); identity by default.
     """
 
     def __init__(self, kind: str, adapt: Callable[[Any], T] | None = None) -> None:
+        declared = declaration(kind)
         self.kind = kind
+        self.title = declared.title
+        self.group = declared.group
         self.adapt = adapt
         self._items: dict[str, T] = {}
         self._origins: dict[str, str] = {}
@@ -105,8 +176,8 @@ class Registry(Generic[T]):
         return name
 
     def get(self, name: str) -> T:
-        """Return the factory registered as ``name``, importing an entry point or a reference
-        on first use.
+        """Look up the factory registered as ``name`` (nothing is built), importing an entry
+        point or a reference on first use.
 
         Raises:
             UnknownNameError: an unknown name (the message lists the valid names).
@@ -126,6 +197,21 @@ class Registry(Generic[T]):
             f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())} (or a "
             "module:attribute or path/to/file.py:attribute reference)"
         )
+
+    def build(self, name: str, *args: Any, **params: Any) -> Any:
+        """Construct the piece registered as ``name``: ``factory(*args, **params)``, after
+        checking ``params`` against the factory's signature (its first ``len(args)`` parameters
+        are the caller's).
+
+        Raises:
+            UnknownNameError: an unknown name (the message lists the valid names).
+            ParameterError: an unknown parameter (naming the closest valid one) or a missing
+                one; the factory's own errors (a bad value) pass through.
+        """
+        factory = self.get(name)
+        check_params(factory, params, skip=len(args), label=f"{self.kind} {name!r}",
+                     complete=True)
+        return factory(*args, **params)
 
     def _store(self, name: str, obj: Any, origin: str) -> T:
         """Keep a plugged-in ``obj`` (adapted) under ``name`` with its origin; returns it."""
@@ -164,7 +250,7 @@ class Registry(Generic[T]):
         if self._entry_points is None:
 
             self._entry_points = {}
-            for name, entry, origin in entry_points(self.kind):
+            for name, entry, origin in entry_points(self.kind, self.group):
                 if name in self._items and self._origins.get(name, "").startswith("entry point"):
                     continue
                 if name in self._items:
@@ -182,48 +268,54 @@ class Registry(Generic[T]):
         return iter(self.names())
 
 
-def bind_params(target: Callable[..., Any], params: dict, skip: int = 0) -> None:
-    """Check, without calling it, that ``target`` accepts ``params`` as keyword arguments.
+def suggestion(word: object, valid: Sequence[str], prefix: str = "") -> str:
+    """`` (did you mean <prefix><closest>?)`` for the valid name closest to ``word``, else ``""``:
+    the hint every unknown-name message of the project ends with."""
+    close = difflib.get_close_matches(str(word), list(valid), n=1)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
+
+
+def check_params(target: Callable[..., Any], params: Mapping[str, Any] | None, skip: int = 0,
+                 supplied: Sequence[str] = (), label: str | None = None,
+                 complete: bool = False) -> None:
+    """Check, without calling it, that ``target`` takes ``params`` as keyword arguments: the one
+    parameter checker of the project (config loading, :meth:`Registry.build`, the advantage
+    estimators).
 
     Args:
         target: a function or class (its ``__init__`` without ``self``).
-        params: the keyword arguments from a config.
+        params: the keyword arguments from a config (``None``: none).
         skip: leading positional parameters the caller supplies itself (e.g. ``logp``).
+        supplied: parameters the caller supplies by name (an estimator's ``progress``): not
+            settable, and named as such when given.
+        label: how the message names ``target`` (default: its ``__name__``).
+        complete: also require every parameter without a default (what building it needs).
 
     Raises:
-        TypeError: one line naming the unknown parameter, the closest valid one and every valid
-            one.
+        ParameterError: one line naming the unknown (or missing) parameter, the closest valid one
+            and every valid one.
     """
-    signature = inspect.signature(target)
-    accepted = list(signature.parameters.values())[skip:]
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted):
-        return
+    label = label or getattr(target, "__name__", repr(target))
+    if params is None:
+        params = {}
+    if not isinstance(params, Mapping):
+        raise ParameterError(f"{label}: parameters must be a dict, got {type(params).__name__}")
+    accepted = [p for p in list(inspect.signature(target).parameters.values())[skip:]
+                if p.name not in supplied]
     keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     valid = [p.name for p in accepted if p.kind in keyword]
-    unknown = [name for name in params if name not in valid]
+    listed = f"valid parameters: {', '.join(valid)}" if valid else "valid: none"
+    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted)
+    unknown = [name for name in params if name not in valid and (name in supplied
+                                                                  or not open_ended)]
     if unknown:
-        close = difflib.get_close_matches(unknown[0], valid, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        name = getattr(target, "__name__", repr(target))
-        raise TypeError(f"{name} got an unknown parameter {unknown[0]!r}{hint}; valid: "
-                        f"{', '.join(valid) or 'none'}")
-
-
-GROUPS = {
-    "reward": "rewards",
-    "pipeline family": "families",
-    "sampler": "samplers",
-    "loss": "losses",
-    "advantage estimator": "advantages",
-    "objective": "objectives",
-    "step selection": "step_selections",
-    "credit": "credits",
-    "condition enhancer": "enhancers",
-    "kl estimator": "kl_estimators",
-    "pruner": "pruners",
-    "mix mode": "mix_modes",
-}
-"""Registry kind -> entry-point group suffix (the group is ``flowgrpo.<suffix>``)."""
+        note = " (supplied by the trainer)" if unknown[0] in supplied else ""
+        raise ParameterError(f"{label} got an unknown parameter {unknown[0]!r}{note}"
+                             f"{suggestion(unknown[0], valid)}; {listed}")
+    missing = [p.name for p in accepted if p.kind in keyword and p.name not in params
+               and p.default is inspect.Parameter.empty]
+    if complete and missing:
+        raise ParameterError(f"{label} is missing parameter {missing[0]!r}; {listed}")
 
 
 _FILE_MODULES: dict[tuple[str, int], Any] = {}  # (resolved path, mtime_ns) -> module
@@ -234,7 +326,7 @@ _ENTRY_POINTS: list | None = None  # every installed entry point, read once per 
 
 def entry_point_group(kind: str) -> str:
     """The entry-point group of a registry kind (``reward`` -> ``flowgrpo.rewards``)."""
-    return f"flowgrpo.{GROUPS.get(kind, kind.replace(' ', '_') + 's')}"
+    return declaration(kind).group
 
 
 def load_reference(reference: str, kind: str) -> tuple[Any, str]:
@@ -284,16 +376,17 @@ def load_entry_point(entry: Any, kind: str) -> Any:
                           f"import failed: {_describe(err)}") from None
 
 
-def entry_points(kind: str) -> list[tuple[str, Any, str]]:
-    """The entry points registered for a registry kind: ``[(name, entry point, origin)]``, the
-    first of each name (a distribution found twice on the path is listed once)."""
+def entry_points(kind: str, group: str | None = None) -> list[tuple[str, Any, str]]:
+    """The entry points registered for a registry kind (in ``group``, default the kind's):
+    ``[(name, entry point, origin)]``, the first of each name (a distribution found twice on the
+    path is listed once)."""
     global _ENTRY_POINTS
     if _ENTRY_POINTS is None:
         from importlib.metadata import distributions
 
         _ENTRY_POINTS = [e for dist in distributions() for e in dist.entry_points
                          if e.group.startswith("flowgrpo.")]
-    group = entry_point_group(kind)
+    group = group or entry_point_group(kind)
     seen: dict[str, tuple[str, Any, str]] = {}
     for entry in _ENTRY_POINTS:
         if entry.group != group or entry.name in seen:

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from flowgrpo.validation import one_of
+
 from .base import Cond, FlowAdapter, load_pipeline, register
 
 GUIDANCE_MODES = ("apg", "cfg")
@@ -88,10 +90,7 @@ class AceStepAdapter(FlowAdapter):
     ) -> None:
         from diffusers import AceStepPipeline
 
-        if guidance_mode not in GUIDANCE_MODES:
-            raise ValueError(
-                f"ace_step: guidance_mode must be one of {GUIDANCE_MODES}, got {guidance_mode!r}"
-            )
+        one_of("ace_step: guidance_mode", guidance_mode, GUIDANCE_MODES)
         if audio_duration <= 0 or shift <= 0:
             raise ValueError("ace_step: audio_duration and shift must be positive")
         pipeline = load_pipeline(AceStepPipeline, "ace_step", path_or_id, torch_dtype, pipeline,

@@ -347,7 +347,7 @@ register = FAMILIES.register
 
 def load(family: str, path_or_id: str, **options: Any) -> FlowAdapter:
     """Load ``path_or_id`` (hub id or local folder) as the adapter of ``family``."""
-    return FAMILIES.get(family)(path_or_id, **options)
+    return FAMILIES.build(family, path_or_id, **options)
 
 
 def names() -> list[str]:

@@ -40,6 +40,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from flowgrpo.validation import one_of
+
 from .base import MMDIT_LORA_TARGETS, Cond, FlowAdapter, guided_call, load_pipeline, register
 from .flux_kontext import gather_references, load_source_image, shared_ids, sources_of
 
@@ -119,9 +121,7 @@ class Flux2KleinAdapter(FlowAdapter):
     ) -> None:
         from diffusers import Flux2KleinPipeline
 
-        if reference_size not in REFERENCE_SIZES:
-            raise ValueError(f"flux2_klein: reference_size must be one of {list(REFERENCE_SIZES)}, "
-                             f"got {reference_size!r}")
+        one_of("flux2_klein: reference_size", reference_size, REFERENCE_SIZES)
         pipeline = load_pipeline(Flux2KleinPipeline, "flux2_klein", path_or_id, torch_dtype,
                                  pipeline, **from_pretrained_kwargs)
         self.pipeline = pipeline

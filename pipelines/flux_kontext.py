@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from flowgrpo.validation import one_of
+
 from .base import Cond, guided_call, load_pipeline, register
 from .flux import FluxAdapter, pack_latents
 
@@ -163,9 +165,7 @@ class FluxKontextAdapter(FluxAdapter):
     ) -> None:
         from diffusers import FluxKontextPipeline
 
-        if reference_size not in REFERENCE_SIZES:
-            raise ValueError(f"flux_kontext: reference_size must be one of "
-                             f"{list(REFERENCE_SIZES)}, got {reference_size!r}")
+        one_of("flux_kontext: reference_size", reference_size, REFERENCE_SIZES)
         pipeline = load_pipeline(FluxKontextPipeline, "flux_kontext", path_or_id, torch_dtype,
                                  pipeline, **from_pretrained_kwargs)
         factor = 2 * pipeline.vae_scale_factor

@@ -1,4 +1,5 @@
-"""Pluggable rewards: ``reward_models.get(name, **params)`` -> callable reward."""
+"""Pluggable rewards: ``reward_models.build(name, **params)`` -> callable reward (``get`` is the
+same function under its older name)."""
 
 from . import (  # noqa: F401  (registration imports)
     aesthetic,
@@ -15,11 +16,12 @@ from . import (  # noqa: F401  (registration imports)
     remote,
     speech,
 )
-from .base import REWARDS, Reward, RewardOutput, get, names, register
+from .base import REWARDS, Reward, RewardOutput, build, get, names, register
 from .checks import RewardFault, check_output
 from .media import Media
 
 __all__ = [
-    "REWARDS", "Media", "Reward", "RewardFault", "RewardOutput", "check_output", "get", "names",
+    "REWARDS", "Media", "Reward", "RewardFault", "RewardOutput", "build", "check_output", "get",
+    "names",
     "register",
 ]

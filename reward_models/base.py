@@ -1,7 +1,7 @@
 """The reward interface and its registry.
 
 A reward is a callable ``(media, prompts, metadata) -> RewardOutput`` built by a factory
-registered by name (``reward_models.get(name, **params)``). Factories import heavy libraries
+registered by name (``reward_models.build(name, **params)``). Factories import heavy libraries
 inside themselves so that importing ``reward_models`` stays cheap.
 
 From outside the package a reward is a reference in config (``my_rewards.py:sharpness``), an entry
@@ -124,9 +124,14 @@ REWARDS: Registry[Callable[..., Reward]] = Registry("reward", adapt=as_reward_fa
 register = REWARDS.register
 
 
-def get(name: str, **params: Any) -> Reward:
-    """Build the reward registered as ``name`` with ``params``."""
-    return REWARDS.get(name)(**params)
+def build(name: str, **params: Any) -> Reward:
+    """Build the reward registered as ``name`` with ``params`` (checked against its signature:
+    an unknown one is a :class:`~flowgrpo.registry.ParameterError` naming the valid ones)."""
+    return REWARDS.build(name, **params)
+
+
+get = build
+"""The name code written before :func:`build` uses; it builds too."""
 
 
 def names() -> list[str]:

@@ -28,7 +28,7 @@ import torch
 from flowgrpo import seeding
 from flowgrpo.registry import Registry, short_name
 
-from .base import Reward, RewardOutput, get, register
+from .base import Reward, RewardOutput, build, register
 from .media import Media
 
 MIX_MODES: Registry[Callable[..., torch.Tensor]] = Registry("mix mode")
@@ -93,7 +93,7 @@ def _instantiate(entry: dict) -> Reward:
         if entry["params"]:
             raise ValueError("params cannot be applied to an already built reward")
         return name
-    return get(name, **(entry["params"] or {}))
+    return build(name, **(entry["params"] or {}))
 
 
 def _unique_keys(entries: list[dict]) -> list[str]:
@@ -186,7 +186,7 @@ def build_reward(spec: Any, params: dict | None = None, mode: str = "weighted",
     ``seed``).
     """
     if isinstance(spec, str):
-        return get(spec, **(params or {}))
+        return build(spec, **(params or {}))
     if params:
         raise ValueError("params go inside the spec entries when spec is not a single name")
     if callable(spec):

@@ -1,6 +1,6 @@
 """Samplers: from a velocity to the Gaussian of the next latent (docs/design.md, "Samplers").
 
-``get(name, **params)`` builds a registered sampler (``names()`` lists them); its
+``build(name, **params)`` builds a registered sampler (``names()`` lists them); its
 ``transition(v, x, s, s')`` returns a :class:`Transition` ``(mean, std)``. Drawing ``x'``, the
 log-density of a stored ``x'`` and the KL between two transitions are shared functions of the
 Gaussian (:func:`sample_next`, :func:`gaussian_log_prob`, :func:`gaussian_kl`). :class:`Window`
@@ -16,6 +16,7 @@ from .base import (
     Transition,
     VelocityFn,
     broadcast_sigma,
+    build,
     gaussian_kl,
     gaussian_log_prob,
     get,
@@ -34,6 +35,7 @@ __all__ = [
     "VelocityFn",
     "Window",
     "broadcast_sigma",
+    "build",
     "dpm_solver_2m",
     "flash_sigmas",
     "gaussian_kl",

@@ -24,7 +24,7 @@ from torch import Tensor
 from flowgrpo.registry import Registry
 
 SAMPLERS: Registry[type[Sampler]] = Registry("sampler")
-"""Sampler classes by name; ``SAMPLERS.get(name)(**params)`` builds one (see :func:`get`)."""
+"""Sampler classes by name; ``SAMPLERS.build(name, **params)`` builds one (see :func:`build`)."""
 
 Sigma = float | Tensor
 """A noise level: a Python float shared by the batch or a ``[B]`` tensor (one per sample)."""
@@ -275,21 +275,19 @@ def gaussian_kl(mean_a: Tensor, mean_b: Tensor, std: Tensor,
     return _mean_over_elements(kl)
 
 
-def get(name: str, **params: Any) -> Sampler:
+def build(name: str, **params: Any) -> Sampler:
     """Build the sampler registered as ``name`` with its parameters.
 
     Raises:
         flowgrpo.registry.UnknownNameError: unknown ``name`` (the message lists valid names).
-        ValueError: a parameter the sampler does not take (the message lists those it takes).
+        flowgrpo.registry.ParameterError: a parameter the sampler does not take (a ValueError
+            naming the closest one it takes and all of them).
     """
-    cls = SAMPLERS.get(name)
-    valid = _init_params(cls)
-    unknown = sorted(set(params) - set(valid))
-    if unknown:
-        raise ValueError(
-            f"sampler {name!r} got unknown parameter(s) {unknown}; valid: {valid or 'none'}"
-        )
-    return cls(**params)
+    return SAMPLERS.build(name, **params)
+
+
+get = build
+"""The name code written before :func:`build` uses; it builds too."""
 
 
 def names() -> list[str]:

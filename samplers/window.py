@@ -16,6 +16,8 @@ import math
 
 from flowgrpo import seeding
 
+from flowgrpo.validation import integer, is_integer, is_number, one_of
+
 STRATEGIES = ("progressive", "random", "fixed", "decay", "exp_decay")
 
 
@@ -94,20 +96,14 @@ class Window:
         for key, val, low in (("size", size, 1), ("stride", stride, 1),
                               ("shift_every", shift_every, 1), ("start", start, 0),
                               ("decay_threshold", decay_threshold, 0)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < low:
-                raise ValueError(f"window {key} must be an integer >= {low}, got {val!r}")
-        if strategy not in STRATEGIES:
-            raise ValueError(
-                f"unknown window strategy {strategy!r}; valid: {', '.join(STRATEGIES)}"
-            )
+            integer(f"window {key}", val, low)
+        one_of("window strategy", strategy, STRATEGIES)
         if min_shift_every is not None and (
-            isinstance(min_shift_every, bool) or not isinstance(min_shift_every, int)
-            or not 1 <= min_shift_every <= shift_every
+            not is_integer(min_shift_every) or not 1 <= min_shift_every <= shift_every
         ):
             raise ValueError(f"window min_shift_every must be an integer in [1, shift_every = "
                              f"{shift_every}] or None, got {min_shift_every!r}")
-        if (isinstance(decay_rate, bool) or not isinstance(decay_rate, (int, float))
-                or not math.isfinite(decay_rate) or decay_rate < 0):
+        if not is_number(decay_rate) or not math.isfinite(decay_rate) or decay_rate < 0:
             raise ValueError(f"window decay_rate must be a finite number >= 0, got {decay_rate!r}")
         self.size = size
         self.stride = stride

@@ -66,7 +66,7 @@ def sample(cfg: Config | None, run: str | None, prompts: list[str] | None, sampl
     media = generate(adapter, adapter.encode_inputs, all_prompts, seeds,
                      num_steps or cfg.sampler.eval_num_steps or cfg.sampler.num_steps,
                      cfg.model.guidance, cfg.train.sample_batch_size or cfg.train.batch_size,
-                     sampler=samplers.get(sampler, **(cfg.sampler.params
+                     sampler=samplers.build(sampler, **(cfg.sampler.params
                                                       if sampler == cfg.sampler.name else {})),
                      metadata=all_metadata)
     path = Path(out)

@@ -85,17 +85,12 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    import samplers
-    from flowgrpo.cli.catalogue import plugged_in, registries
-    from flowgrpo.registry import BUILTIN
+    from flowgrpo.cli.catalogue import builtins, plugged_in
 
     if args.config or args.overrides:  # resolves the config's references, listed below
         _load(args)
-    rows = [(title, [n for n, o in reg.origins().items() if o == BUILTIN])
-            for title, reg in registries()]
-    rows.insert(5, ("window strategies", list(samplers.window.STRATEGIES)))
     print("built-in:")
-    for title, names in rows:
+    for title, names in builtins():
         print(f"  {title}: {', '.join(names)}")
     plugins = plugged_in()
     print("plug-ins:" if plugins else "plug-ins: none (entry points, module:attribute or "
@@ -148,6 +143,14 @@ def cmd_serve_reward(argv: list[str]) -> int:
     from reward_models.server import main
 
     return main(argv) or 0
+
+
+def _kinds() -> str:
+    """Every kind's title, ``a, b and c`` (from the declarations: nothing is imported)."""
+    from flowgrpo.registry import KINDS
+
+    titles = [kind.title for kind in KINDS]
+    return f"{', '.join(titles[:-1])} and {titles[-1]}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -229,10 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("serve-reward", help="serve a reward over HTTP (see serve-reward --help)",
                    add_help=False)
-    p = sub.add_parser("list", parents=[loud],
-                       help="registered pipelines, samplers, objectives, losses, step "
-                       "selections, credits, enhancers, advantages, KL estimators, pruners and "
-                       "rewards, and the plug-ins with where each comes from")
+    p = sub.add_parser("list", parents=[loud], help=f"registered {_kinds()}, and the plug-ins "
+                       "with where each comes from")
     p.add_argument("config", nargs="?", default=None,
                    help="also list the plug-ins this config references")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

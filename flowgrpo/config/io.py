@@ -11,7 +11,6 @@ file and line (or the key).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import textwrap
 import typing
@@ -20,9 +19,12 @@ from typing import Any
 
 import yaml
 
+from flowgrpo.config.pieces import SLOTS, builtin_names
 from flowgrpo.config.schema import Config
 from flowgrpo.data.files import SHIPPED, read_utf8
 from flowgrpo.errors import ConfigError
+from flowgrpo.registry import suggestion
+from flowgrpo.validation import is_integer, is_number
 
 DEFAULT_CONFIG = SHIPPED / "digits.yaml"
 
@@ -154,7 +156,7 @@ def _coerce(key: str, value: Any, type_name: str) -> Any:
     want = _TYPES[type_name]
     if want is float:
         value = _as_float(key, value)
-    if (want is int and isinstance(value, bool)) or not isinstance(value, want):
+    if not (is_integer(value) if want is int else isinstance(value, want)):
         raise ConfigError(
             f"{key}: expected {type_name}, got {type(value).__name__} {value!r}"
         )
@@ -163,7 +165,7 @@ def _coerce(key: str, value: Any, type_name: str) -> Any:
 
 def _as_float(key: str, value: Any) -> Any:
     """``value`` as a finite float when it is a number or a numeric string; else unchanged."""
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+    if not (is_number(value) or isinstance(value, str)):
         return value
     try:
         number = float(value)
@@ -177,7 +179,9 @@ def _as_float(key: str, value: Any) -> Any:
     return number
 
 
-def _build(cls: type, data: dict, prefix: str) -> Any:
+def _from_mapping(cls: type, data: dict, prefix: str) -> Any:
+    """The dataclass ``cls`` from a YAML mapping, each value type-checked; an unknown or moved key
+    fails naming it (and the closest valid key)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
@@ -187,17 +191,15 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
     if moved:
         raise ConfigError(f"{moved[0]} has moved: use {_MOVED[moved[0]]}")
     if unknown:
-        close = difflib.get_close_matches(unknown[0], known, n=1)
-        hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
-        raise ConfigError(
-            f"unknown key {prefix}{unknown[0]}{hint}; valid keys: {', '.join(sorted(known))}"
-        )
+        hint = suggestion(unknown[0], known, prefix)
+        raise ConfigError(f"unknown key {prefix}{unknown[0]}{hint}; valid keys: "
+                          f"{', '.join(sorted(known))}")
     kwargs = {}
     for name, value in data.items():
         key = f"{prefix}{name}"
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build(hint, value or {}, key + ".")
+            kwargs[name] = _from_mapping(hint, value or {}, key + ".")
         else:
             kwargs[name] = _coerce(key, value, hint.__name__)
     return cls(**kwargs)
@@ -205,7 +207,7 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
 
 def from_dict(data: dict) -> Config:
     """Build and validate a config from a nested dict."""
-    return _build(Config, data or {}, "").validate()
+    return _from_mapping(Config, data or {}, "").validate()
 
 
 def to_dict(config: Config) -> dict:
@@ -287,12 +289,18 @@ def merge_sections(data: dict, sections: dict) -> dict:
 
 
 def describe_fields() -> str:
-    """Every config key with its default and help text (``flowgrpo config --help-fields``)."""
+    """Every config key with its default and help text (``flowgrpo config --help-fields``); a key
+    naming a piece lists the built-in names of its kind, read from its registry."""
+    kinds = {slot.key: slot.kind for slot in SLOTS}
     lines = []
     for section in dataclasses.fields(Config):
         cls = typing.get_type_hints(Config)[section.name]
         lines.append(f"{section.name}:")
         for f in dataclasses.fields(cls):
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            lines.append(f"  {f.name} = {default!r}  # {f.metadata.get('help', '')}")
+            text = f.metadata.get("help", "")
+            kind = kinds.get(f"{section.name}.{f.name}")
+            if kind:
+                text += f"; built in: {', '.join(builtin_names(kind))}"
+            lines.append(f"  {f.name} = {default!r}  # {text}")
     return "\n".join(lines)

@@ -11,7 +11,9 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from flowgrpo.config.checks import require, require_choice
 from flowgrpo.errors import ConfigError
+from flowgrpo.validation import is_number
 
 # torch.compile modes of model.compile ('' leaves the model eager)
 COMPILE_MODES = ("", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -24,58 +26,12 @@ def _help(text: str, **kw: Any) -> Any:
     return field(default=kw.pop("default"), metadata={"help": text})
 
 
-def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}: invalid value {value!r}; {allowed}")
-
-
-def _choice(key: str, value: str, choices: list[str] | tuple[str, ...]) -> None:
-    shown = ", ".join(c if c else "'' (off)" for c in choices)  # an empty choice is visible
-    _check(value in choices, key, value, f"valid choices: {shown}")
-
-
-def _piece(key: str, name: Any, registry: Any) -> Any:
-    """The piece ``name`` of ``registry`` (a registered name, an entry point or a
-    ``module:attribute`` / ``file.py:attribute`` reference); a bad one raises :class:`ConfigError`
-    naming ``key``."""
-    from flowgrpo.registry import UnknownNameError
-
-    try:
-        return registry.get(name)
-    except UnknownNameError:
-        shown = ", ".join(c if c else "'' (off)" for c in registry.names())
-        raise ConfigError(f"{key}: invalid value {name!r}; valid choices: {shown} (or a "
-                          "module:attribute or path/to/file.py:attribute reference)") from None
-    except ConfigError as err:  # a plug-in that cannot be imported (PluginError)
-        raise type(err)(f"{key}: {err}") from None
-
-
-def bind_params(key: str, target: Any, params: dict, skip: int = 0) -> None:
-    """Check that ``params`` are keyword arguments ``target`` takes (after its first ``skip``
-    positional parameters), without calling it."""
-    from flowgrpo.registry import bind_params as bind
-
-    try:
-        bind(target, params, skip)
-    except TypeError as err:
-        raise ConfigError(f"{key}: {err}") from None
-
-
-def _build(key: str, factory: Any, *args: Any, **params: Any) -> Any:
-    """Build a cheap registered piece now, so a bad parameter fails at load time."""
-    try:
-        return factory(*args, **params)
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"{key}: {err}") from None
-
-
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
 class ModelConfig:
-    family: str = _help("model family adapter (pipelines registry): sd3, flux, wan, ...",
-                        default="sd3")
+    family: str = _help("model family adapter", default="sd3")
     path: str = _help("hub id or local diffusers folder; 'digits' is the shipped CPU toy",
                       default="digits")
     height: int = _help("image height in pixels (0: the model's native size)", default=0)
@@ -106,19 +62,14 @@ class ModelConfig:
                          default="")
 
     def validate(self) -> None:
-        import pipelines
-
-        _piece("model.family", self.family, pipelines.FAMILIES)
-        _choice("model.dtype", self.dtype, DTYPES)
-        _choice("model.mixed_precision", self.mixed_precision, ("fp32", "bf16", "fp16"))
-        _choice("model.compile", self.compile, COMPILE_MODES)
-        _check(self.height >= 0 and self.width >= 0, "model.height/width", (self.height,
-               self.width), "must be >= 0 (0 = native)")
-        _check(self.guidance >= 0, "model.guidance", self.guidance, "must be >= 0")
-        _check(self.lora_rank >= 1, "model.lora_rank", self.lora_rank, "must be >= 1")
-        _check(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "must be > 0")
-        # checked where the adapter declares its options (one taking **kwargs cannot be)
-        bind_params("model.options", pipelines.FAMILIES.get(self.family), self.options, skip=1)
+        require_choice("model.dtype", self.dtype, DTYPES)
+        require_choice("model.mixed_precision", self.mixed_precision, ("fp32", "bf16", "fp16"))
+        require_choice("model.compile", self.compile, COMPILE_MODES)
+        require(self.height >= 0 and self.width >= 0, "model.height/width", (self.height,
+                self.width), "must be >= 0 (0 = native)")
+        require(self.guidance >= 0, "model.guidance", self.guidance, "must be >= 0")
+        require(self.lora_rank >= 1, "model.lora_rank", self.lora_rank, "must be >= 1")
+        require(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "must be > 0")
 
 
 @dataclass
@@ -134,20 +85,13 @@ class SamplerConfig:
     storage_dtype: str = _help("dtype of stored trajectory latents", default="float32")
 
     def validate(self) -> None:
-        import samplers
-
-        _piece("sampler.name", self.name, samplers.SAMPLERS)
-        try:
-            samplers.get(self.name, **self.params)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"sampler.params: {err}") from None
-        _check(self.num_steps >= 2, "sampler.num_steps", self.num_steps, "must be >= 2")
-        _check(self.eval_num_steps >= 0, "sampler.eval_num_steps", self.eval_num_steps,
-               "must be >= 0")
-        _choice("sampler.after_window", self.after_window, ("euler", "dpm2"))
-        _check(0 < self.flash_ratio <= 1, "sampler.flash_ratio", self.flash_ratio,
-               "must be in (0, 1]")
-        _choice("sampler.storage_dtype", self.storage_dtype, DTYPES)
+        require(self.num_steps >= 2, "sampler.num_steps", self.num_steps, "must be >= 2")
+        require(self.eval_num_steps >= 0, "sampler.eval_num_steps", self.eval_num_steps,
+                "must be >= 0")
+        require_choice("sampler.after_window", self.after_window, ("euler", "dpm2"))
+        require(0 < self.flash_ratio <= 1, "sampler.flash_ratio", self.flash_ratio,
+                "must be in (0, 1]")
+        require_choice("sampler.storage_dtype", self.storage_dtype, DTYPES)
 
 
 @dataclass
@@ -172,34 +116,24 @@ class RewardConfig:
         return [{"weight": 1.0, "params": {}, **c} for c in self.components]
 
     def validate(self) -> None:
-        import reward_models
-
         for i, spec in enumerate(self.components):
-            _check(isinstance(spec, dict) and "name" in spec, f"reward.components[{i}]", spec,
+            require(isinstance(spec, dict) and "name" in spec, f"reward.components[{i}]", spec,
                    "each component is a mapping with a 'name' (and optional weight, params)")
             extra = set(spec) - {"name", "weight", "params"}
-            _check(not extra, f"reward.components[{i}]", sorted(extra),
+            require(not extra, f"reward.components[{i}]", sorted(extra),
                    "allowed keys: name, weight, params")
         for i, spec in enumerate(self.specs()):
-            key = f"reward.components[{i}].name" if self.components else "reward.name"
-            _piece(key, spec["name"], reward_models.REWARDS)
-            weight = spec["weight"]
-            _check(isinstance(weight, (int, float)) and not isinstance(weight, bool)
-                   and abs(weight) < math.inf, key.replace("name", "weight"), weight,
-                   "must be a finite number")
-            bind_params(key.replace("name", "params"), reward_models.REWARDS.get(spec["name"]),
-                        spec["params"])
-        _choice("reward.aggregation", self.aggregation,
-                ("sum_then_normalize", "normalize_then_sum"))
-        from reward_models.mix import MIX_MODES
-
-        _piece("reward.mix_mode", self.mix_mode, MIX_MODES)
+            key = f"reward.components[{i}].weight" if self.components else "reward.weight"
+            require(is_number(spec["weight"]) and abs(spec["weight"]) < math.inf, key,
+                    spec["weight"], "must be a finite number")
+        require_choice("reward.aggregation", self.aggregation,
+                       ("sum_then_normalize", "normalize_then_sum"))
         if self.mix_mode == "sample":
             weights = [spec["weight"] for spec in self.specs()]
-            _check(all(w >= 0 for w in weights) and sum(weights) > 0,
+            require(all(w >= 0 for w in weights) and sum(weights) > 0,
                    "reward.components[].weight", weights, "mix_mode sample draws each reward "
                    "with probability proportional to its weight: weights >= 0, positive sum")
-        _check(self.async_workers >= 0, "reward.async_workers", self.async_workers, "must be >= 0")
+        require(self.async_workers >= 0, "reward.async_workers", self.async_workers, "must be >= 0")
 
 
 @dataclass
@@ -214,8 +148,8 @@ class DataConfig:
     def validate(self) -> None:
         from flowgrpo.data.prompts import load_prompts
 
-        _check(self.eval_images_per_prompt >= 1, "data.eval_images_per_prompt",
-               self.eval_images_per_prompt, "must be >= 1")
+        require(self.eval_images_per_prompt >= 1, "data.eval_images_per_prompt",
+                self.eval_images_per_prompt, "must be >= 1")
         # reading the prompt files is cheap: a missing or malformed one fails now, not after the
         # model has loaded
         load_prompts(self.prompts, "data.prompts")
@@ -241,40 +175,35 @@ class TrainConfig:
     optimizer_kernel: str = _help("AdamW implementation: auto (fused on CUDA, torch's default "
                                   "elsewhere), fused or foreach", default="auto")
     max_grad_norm: float = _help("gradient-norm clip (0: off)", default=1.0)
-    loss: str = _help("policy loss (losses registry): clip, sapo, stable, guard, gate, mhpo, "
-                      "mu_grpo", default="clip")
+    loss: str = _help("policy loss on the per-step ratio (objective ratio)", default="clip")
     loss_params: dict = _help("loss parameters, e.g. {clip_low: 1e-4, clip_high: 1e-4}",
                               default_factory=dict)
     beta: float = _help("KL weight against the reference model (0: no reference calls)",
                         default=0.0)
-    kl: str = _help("KL estimator (flowgrpo.rl.kl): exact, flow_grpo (Flow-GRPO's form, = exact * "
-                    "|dt|), x_mse; velocity_mse, log_ratio for likelihood-free objectives "
-                    "('': the objective's default)", default="")
-    objective: str = _help("what the update minimises (objectives registry): ratio (per-step "
-                           "Gaussian ratio + train.loss), elbo, awm (forward-process likelihoods "
-                           "+ train.loss) or nft (DiffusionNFT)", default="ratio")
+    kl: str = _help("KL estimator against the reference model, one the objective takes ('': the "
+                    "objective's default)", default="")
+    objective: str = _help("what the update minimises: ratio (per-step Gaussian ratio + "
+                           "train.loss) or a likelihood-free objective", default="ratio")
     objective_params: dict = _help("objective parameters", default_factory=dict)
-    step_selection: str = _help("which steps each sample trains: all (every trainable step), "
-                                "window (MixGRPO), flash (one step per prompt group, Flash-GRPO)",
+    step_selection: str = _help("which steps each sample trains (all: every trainable step)",
                                 default="all")
     step_selection_params: dict = _help("step-selection parameters, e.g. window {size: 2, "
                                         "strategy: random} or flash {steps: [0, 1, 2]}",
                                         default_factory=dict)
-    credit: str = _help("how rewards are credited to steps: outcome (one reward per sample) or "
-                        "turning_point (TurningPoint-GRPO per-step rewards)", default="outcome")
+    credit: str = _help("how rewards are credited to steps (outcome: one reward per sample)",
+                        default="outcome")
     credit_params: dict = _help("credit parameters", default_factory=dict)
     views: int = _help("extra captions per prompt group, each re-scoring the same samples "
                        "(MV-GRPO; 0: the prompt only)", default=0)
-    enhancer: str = _help("condition enhancer giving the views: template, callable or remote",
-                          default="template")
+    enhancer: str = _help("condition enhancer giving the views", default="template")
     enhancer_params: dict = _help("enhancer parameters, e.g. {templates: ['a photo of {prompt}']}",
                                   default_factory=dict)
-    advantage: str = _help("advantage estimator: group, global_std, none (Dr.GRPO), focal, "
-                           "a_grae, dual_anchor, rcc", default="group")
+    advantage: str = _help("advantage estimator (group: GRPO's per-group normalisation)",
+                           default="group")
     advantage_params: dict = _help("advantage-estimator parameters, e.g. focal {gamma: 2}",
                                    default_factory=dict)
     pruner: str = _help("prune low-information samples before the update, reweighting the "
-                        "kept ones so the expected gradient is unchanged: none or dppo",
+                        "kept ones so the expected gradient is unchanged (none: off)",
                         default="none")
     pruner_params: dict = _help("pruner parameters, e.g. dppo {group_rate: 0.5, sample_rate: "
                                 "0.5}", default_factory=dict)
@@ -286,82 +215,33 @@ class TrainConfig:
     ema_decay: float = _help("EMA decay per optimizer step", default=0.95)
 
     def validate(self) -> None:
-        from flowgrpo.rl import advantages, losses
-
-        _check(self.group_size >= 2, "train.group_size", self.group_size,
-               "must be >= 2 (advantages are relative within a group)")
-        _check(self.batch_size >= 1, "train.batch_size", self.batch_size, "must be >= 1")
-        _check(self.batch_size % self.group_size == 0, "train.batch_size", self.batch_size,
-               f"must be a multiple of train.group_size ({self.group_size})")
+        require(self.group_size >= 2, "train.group_size", self.group_size,
+                "must be >= 2 (advantages are relative within a group)")
+        require(self.batch_size >= 1, "train.batch_size", self.batch_size, "must be >= 1")
+        require(self.batch_size % self.group_size == 0, "train.batch_size", self.batch_size,
+                f"must be a multiple of train.group_size ({self.group_size})")
         for key in ("sample_batch_size", "train_batch_size"):
             value = getattr(self, key)
-            _check(0 <= value <= self.batch_size, f"train.{key}", value,
+            require(0 <= value <= self.batch_size, f"train.{key}", value,
                    f"must be in [0, batch_size = {self.batch_size}] (0: batch_size)")
-        _check(self.gradient_accumulation >= 1, "train.gradient_accumulation",
-               self.gradient_accumulation, "must be >= 1")
-        _check(self.num_inner_epochs >= 1, "train.num_inner_epochs", self.num_inner_epochs,
-               "must be >= 1")
-        _check(math.isfinite(self.lr) and self.lr > 0, "train.lr", self.lr,
-               "must be a finite number > 0")
-        _check(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "train.weight_decay",
-               self.weight_decay, "must be a finite number >= 0 (0: off)")
+        require(self.gradient_accumulation >= 1, "train.gradient_accumulation",
+                self.gradient_accumulation, "must be >= 1")
+        require(self.num_inner_epochs >= 1, "train.num_inner_epochs", self.num_inner_epochs,
+                "must be >= 1")
+        require(math.isfinite(self.lr) and self.lr > 0, "train.lr", self.lr,
+                "must be a finite number > 0")
+        require(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "train.weight_decay",
+                self.weight_decay, "must be a finite number >= 0 (0: off)")
         for key in ("adam_beta1", "adam_beta2"):
-            _check(0 <= getattr(self, key) < 1, f"train.{key}", getattr(self, key),
+            require(0 <= getattr(self, key) < 1, f"train.{key}", getattr(self, key),
                    "must be in [0, 1)")
-        _check(self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "must be >= 0")
-        _piece("train.loss", self.loss, losses.LOSSES)
-        _choice("train.optimizer_kernel", self.optimizer_kernel, ("auto", "fused", "foreach"))
-        _piece("train.advantage", self.advantage, advantages.ADVANTAGES)
-        _check(self.beta >= 0, "train.beta", self.beta, "must be >= 0")
-        _check(self.adv_clip >= 0, "train.adv_clip", self.adv_clip, "must be >= 0 (0: off)")
-        _check(0 <= self.ema_decay < 1, "train.ema_decay", self.ema_decay, "must be in [0, 1)")
-        _check(self.views >= 0, "train.views", self.views, "must be >= 0")
-        self.validate_pieces()
-
-    def validate_pieces(self) -> None:
-        """Every registered piece's name and parameters, bound to its target's signature."""
-        from flowgrpo.rl import (
-            advantages,
-            credit,
-            enhancers,
-            kl,
-            losses,
-            objectives,
-            pruning,
-        )
-        from flowgrpo.rl import (
-            step_selection as steps,
-        )
-
-        _piece("train.objective", self.objective, objectives.OBJECTIVES)
-        _piece("train.step_selection", self.step_selection, steps.STEP_SELECTIONS)
-        _piece("train.credit", self.credit, credit.CREDITS)
-        _piece("train.enhancer", self.enhancer, enhancers.ENHANCERS)
-        _piece("train.pruner", self.pruner, pruning.PRUNERS)
-        objective = objectives.OBJECTIVES.get(self.objective)
-        if self.kl:
-            _piece("train.kl", self.kl, kl.KL_ESTIMATORS)
-        # a plugged-in estimator declares its own inputs; a built-in one must suit the objective
-        plugged = self.kl and kl.KL_ESTIMATORS.origin(self.kl) != "built-in"
-        _check(not self.kl or plugged or self.kl in objective.kl_estimators, "train.kl", self.kl,
-               f"objective {self.objective!r} takes {', '.join(objective.kl_estimators)} "
-               f"(all: {', '.join(kl.KL_ESTIMATORS.names())})")
-        try:
-            advantages.check_params(self.advantage, self.advantage_params)
-        except TypeError as err:
-            raise ConfigError(f"train.advantage_params: {err}") from None
-        pruner = _build("train.pruner_params", pruning.build, self.pruner, **self.pruner_params)
-        _check(not (self.beta > 0 and getattr(pruner, "drop_zero", False)), "train.pruner_params",
-               self.pruner_params, "drop_zero is only unbiased without a KL term (beta = 0): "
-               "set drop_zero: false")
-        bind_params("train.loss_params", losses.get(self.loss), self.loss_params, skip=3)
-        bind_params("train.objective_params", objectives.OBJECTIVES.get(self.objective),
-                    self.objective_params, skip=1)
-        _build("train.step_selection_params", steps.build, self.step_selection,
-               **self.step_selection_params)
-        _build("train.credit_params", credit.build, self.credit, **self.credit_params)
-        if self.views:
-            _build("train.enhancer_params", enhancers.get, self.enhancer, **self.enhancer_params)
+        require(self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "must be >= 0")
+        require_choice("train.optimizer_kernel", self.optimizer_kernel,
+                       ("auto", "fused", "foreach"))
+        require(self.beta >= 0, "train.beta", self.beta, "must be >= 0")
+        require(self.adv_clip >= 0, "train.adv_clip", self.adv_clip, "must be >= 0 (0: off)")
+        require(0 <= self.ema_decay < 1, "train.ema_decay", self.ema_decay, "must be in [0, 1)")
+        require(self.views >= 0, "train.views", self.views, "must be >= 0")
 
 
 @dataclass
@@ -392,17 +272,17 @@ class RunConfig:
                                      "skipped; this many in a row stop the run", default=3)
 
     def validate(self) -> None:
-        _check(self.epochs >= 1, "run.epochs", self.epochs, "must be >= 1")
-        _choice("run.on_reward_error", self.on_reward_error, ("stop", "skip_group", "retry"))
-        _choice("run.on_nonfinite", self.on_nonfinite, ("stop", "skip_group"))
-        _check(self.reward_retries >= 0, "run.reward_retries", self.reward_retries,
-               "must be >= 0")
-        _check(self.max_nonfinite_steps >= 1, "run.max_nonfinite_steps",
-               self.max_nonfinite_steps, "must be >= 1")
+        require(self.epochs >= 1, "run.epochs", self.epochs, "must be >= 1")
+        require_choice("run.on_reward_error", self.on_reward_error, ("stop", "skip_group", "retry"))
+        require_choice("run.on_nonfinite", self.on_nonfinite, ("stop", "skip_group"))
+        require(self.reward_retries >= 0, "run.reward_retries", self.reward_retries,
+                "must be >= 0")
+        require(self.max_nonfinite_steps >= 1, "run.max_nonfinite_steps",
+                self.max_nonfinite_steps, "must be >= 1")
         for key in ("eval_every", "save_every"):
-            _check(getattr(self, key) >= 0, f"run.{key}", getattr(self, key), "must be >= 0")
-        _check(self.keep_checkpoints >= 1, "run.keep_checkpoints", self.keep_checkpoints,
-               "must be >= 1")
+            require(getattr(self, key) >= 0, f"run.{key}", getattr(self, key), "must be >= 0")
+        require(self.keep_checkpoints >= 1, "run.keep_checkpoints", self.keep_checkpoints,
+                "must be >= 1")
 
 
 @dataclass
@@ -417,36 +297,41 @@ class Config:
     def validate(self) -> Config:
         """Check every section, then what spans sections; raise :class:`ConfigError` on the first
         bad value."""
+        from flowgrpo.config.pieces import validate_pieces
+
         for f in fields(self):
             getattr(self, f.name).validate()
+        validate_pieces(self)
         self.check_sampler()
         self.check_steps()
         from flowgrpo.rl.objectives import OBJECTIVES
 
         per_sample = not OBJECTIVES.get(self.train.objective).needs_transitions
-        _check(not (per_sample and (self.train.views or self.train.credit != "outcome")),
-               "train.objective", self.train.objective, "a likelihood-free objective takes one "
-               "outcome advantage per sample: use train.credit: outcome and train.views: 0")
-        _check(not (self.train.views and self.train.credit != "outcome"), "train.views",
-               self.train.views, f"views need train.credit: outcome (got {self.train.credit!r})")
+        require(not (per_sample and (self.train.views or self.train.credit != "outcome")),
+                "train.objective", self.train.objective, "a likelihood-free objective takes one "
+                "outcome advantage per sample: use train.credit: outcome and train.views: 0")
+        require(not (self.train.views and self.train.credit != "outcome"), "train.views",
+                self.train.views, f"views need train.credit: outcome (got {self.train.credit!r})")
         return self
 
     def check_sampler(self) -> None:
         """A deterministic sampler is allowed exactly when nothing needs per-step transitions."""
         import samplers
+        from flowgrpo.config.pieces import builtin_names
         from flowgrpo.rl.objectives import OBJECTIVES
 
         tc = self.train
-        if samplers.get(self.sampler.name, **self.sampler.params).is_stochastic:
+        if samplers.build(self.sampler.name, **self.sampler.params).is_stochastic:
             return
-        _check(not OBJECTIVES.get(tc.objective).needs_transitions, "sampler",
-               f"{self.sampler.name} {self.sampler.params}",
-               f"a deterministic sampler (std 0) has no transitions for objective "
-               f"{tc.objective!r} to train; use a noise level > 0 or a likelihood-free objective "
-               "(elbo, nft, awm)")
-        _check(tc.step_selection == "all" and tc.credit == "outcome", "sampler",
-               self.sampler.name, "a deterministic sampler has no stochastic steps to select or "
-               "credit: use train.step_selection: all and train.credit: outcome")
+        free = [n for n in builtin_names("objective") if not OBJECTIVES.get(n).needs_transitions]
+        require(not OBJECTIVES.get(tc.objective).needs_transitions, "sampler",
+                f"{self.sampler.name} {self.sampler.params}",
+                f"a deterministic sampler (std 0) has no transitions for objective "
+                f"{tc.objective!r} to train; use a noise level > 0 or a likelihood-free objective "
+                f"({', '.join(free)})")
+        require(tc.step_selection == "all" and tc.credit == "outcome", "sampler",
+                self.sampler.name, "a deterministic sampler has no stochastic steps to select or "
+                "credit: use train.step_selection: all and train.credit: outcome")
 
     def check_steps(self) -> None:
         """Dry-run the step selection on a uniform schedule of ``sampler.num_steps`` steps, so a
@@ -461,6 +346,6 @@ class Config:
         sigmas = torch.linspace(1.0, 0.0, self.sampler.num_steps + 1)
         try:
             selection.select(sigmas, torch.zeros(tc.group_size, dtype=torch.long), 0,
-                             samplers.get(self.sampler.name, **self.sampler.params))
+                             samplers.build(self.sampler.name, **self.sampler.params))
         except ValueError as err:
             raise ConfigError(f"train.step_selection_params: {err}") from None

@@ -292,4 +292,4 @@ class TurningPointCredit(Credit):
 
 def build(name: str, **params: Any) -> Credit:
     """The credit scheme registered as ``name`` with its parameters."""
-    return CREDITS.get(name)(**params)
+    return CREDITS.build(name, **params)

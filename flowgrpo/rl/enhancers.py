@@ -15,7 +15,7 @@ Every enhancer is a callable with the same signature::
 - the result is a pure function of ``(prompts, num_views, seed)``: the same on every process and
   after a resume (the trainer passes a seed derived from the run seed and the step).
 
-Registered enhancers (build one with :func:`get`):
+Registered enhancers (build one with :func:`build`):
 
 - ``template``: rephrasing templates and whole-word synonyms; needs no model.
 - ``callable``: a user function named by a dotted path (``"package.module:function"``).
@@ -23,13 +23,12 @@ Registered enhancers (build one with :func:`get`):
   :class:`RemoteEnhancer`.
 
 Parameters come from config as keyword arguments; an unknown or missing one is a ``ValueError``
-naming it and the valid ones.
+(:class:`~flowgrpo.registry.ParameterError`) naming it and the valid ones.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -38,6 +37,7 @@ from typing import Any, Protocol
 from flowgrpo import seeding
 from flowgrpo.errors import one_line
 from flowgrpo.registry import Registry
+from flowgrpo.validation import integer
 from reward_models.remote import post_with_retries
 
 __all__ = [
@@ -63,34 +63,19 @@ ENHANCERS: Registry[Callable[..., Enhancer]] = Registry("condition enhancer")
 register = ENHANCERS.register
 
 
-def get(name: str, **params: Any) -> Enhancer:
+def build(name: str, **params: Any) -> Enhancer:
     """Build the condition enhancer registered as ``name`` with ``params``.
 
     Raises:
         UnknownNameError: naming the valid enhancers.
-        ValueError: naming unknown or missing parameters and the valid ones.
+        flowgrpo.registry.ParameterError: an unknown or missing parameter (a ValueError naming
+            it and the valid ones).
     """
-    factory = ENHANCERS.get(name)
-    signature = inspect.signature(factory)
-    try:
-        signature.bind(**params)
-    except TypeError:
-        valid = [p for p in signature.parameters if p != "self"]
-        unknown = sorted(set(params) - set(valid))
-        required = [
-            p.name
-            for p in signature.parameters.values()
-            if p.default is inspect.Parameter.empty and p.name not in params
-        ]
-        problem = (
-            f"unknown parameter(s) {', '.join(unknown)}"
-            if unknown
-            else f"missing parameter(s) {', '.join(required)}"
-        )
-        raise ValueError(
-            f"condition enhancer {name!r}: {problem}; valid parameters: {', '.join(valid)}"
-        ) from None
-    return factory(**params)
+    return ENHANCERS.build(name, **params)
+
+
+get = build
+"""The name code written before :func:`build` uses; it builds too."""
 
 
 def names() -> list[str]:
@@ -101,8 +86,7 @@ def names() -> list[str]:
 def _check_request(prompts: Sequence[str], num_views: int) -> None:
     if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
         raise ValueError("prompts must be a list of strings")
-    if isinstance(num_views, bool) or not isinstance(num_views, int) or num_views < 0:
-        raise ValueError(f"num_views must be an int >= 0, got {num_views!r}")
+    integer("num_views", num_views, 0)
 
 
 def check_views(views: Any, prompts: Sequence[str], num_views: int, source: str) -> list[list[str]]:

@@ -53,7 +53,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from flowgrpo.registry import Registry, bind_params
+from flowgrpo.registry import Registry
+from flowgrpo.validation import is_number, one_of
 
 Pruner = Callable[[Tensor, Tensor, torch.Generator], tuple[Tensor, Tensor]]
 
@@ -63,7 +64,7 @@ LEVELS = ("hierarchical", "group", "sample")
 __all__ = ["LEVELS", "PRUNERS", "DPPOPruner", "NoPruner", "build", "names", "saved_fraction"]
 
 
-def _check(adv: Tensor, groups: Tensor) -> tuple[Tensor, Tensor]:
+def _scores(adv: Tensor, groups: Tensor) -> tuple[Tensor, Tensor]:
     """Validate; return ``(score [B] float32 = mean |A| per sample, groups long [B])`` on CPU.
     An empty batch (nothing left to train, e.g. every group's rewards were equal) is valid."""
     if adv.ndim == 0:
@@ -90,13 +91,13 @@ class NoPruner:
 
     def __call__(self, adv: Tensor, groups: Tensor,
                  generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        score, _ = _check(adv, groups)
+        score, _ = _scores(adv, groups)
         n = len(score)
         return _result(torch.arange(n), torch.ones(n), adv.device)
 
     def keep_probabilities(self, adv: Tensor, groups: Tensor) -> Tensor:
         """``[B]`` float32 ones."""
-        return torch.ones(len(_check(adv, groups)[0]))
+        return torch.ones(len(_scores(adv, groups)[0]))
 
 
 @PRUNERS.register("dppo")
@@ -114,12 +115,10 @@ class DPPOPruner:
     def __init__(self, group_rate: float = 0.5, sample_rate: float = 0.5,
                  level: str = "hierarchical", drop_zero: bool = True) -> None:
         for name, rate in (("group_rate", group_rate), ("sample_rate", sample_rate)):
-            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
-                    0.0 <= rate < 1.0):
+            if not is_number(rate) or not 0.0 <= rate < 1.0:
                 raise ValueError(f"dppo {name} must be a number in [0, 1) (a rate of 1 gives a "
                                  f"zero keep probability and a biased gradient), got {rate!r}")
-        if level not in LEVELS:
-            raise ValueError(f"dppo level must be one of {', '.join(LEVELS)}, got {level!r}")
+        one_of("dppo level", level, LEVELS)
         if not isinstance(drop_zero, bool):
             raise ValueError(f"dppo drop_zero must be true or false, got {drop_zero!r}")
         self.group_rate, self.sample_rate = float(group_rate), float(sample_rate)
@@ -151,7 +150,7 @@ class DPPOPruner:
 
     def keep_probabilities(self, adv: Tensor, groups: Tensor) -> Tensor:
         """``[B]`` float32: the probability that each sample is kept (its weight is 1 / it)."""
-        p_group, p_sample, _ = self._probabilities(*_check(adv, groups))
+        p_group, p_sample, _ = self._probabilities(*_scores(adv, groups))
         return p_group * p_sample
 
     def __call__(self, adv: Tensor, groups: Tensor,
@@ -167,7 +166,7 @@ class DPPOPruner:
             ``(keep [k] long, weight [k] float32)`` on ``adv``'s device, ``keep`` ascending:
             the kept sample indices and their importance weights ``1 / p_keep``.
         """
-        p_group, p_sample, inverse = self._probabilities(*_check(adv, groups))
+        p_group, p_sample, inverse = self._probabilities(*_scores(adv, groups))
         # one coin per group and one per sample, always both, so the draws depend only on B
         # and the number of groups
         num_groups = int(inverse.max()) + 1 if len(inverse) else 0
@@ -180,18 +179,14 @@ class DPPOPruner:
 
 
 def build(name: str, **params) -> Pruner:
-    """The pruner registered as ``name`` (``none``, ``dppo``) built with ``params``.
+    """The pruner registered as ``name`` built with ``params``.
 
     Raises:
         UnknownNameError: an unknown name (a ValueError naming the valid ones).
-        ValueError: an unknown parameter or a bad value, in one line.
+        ValueError: an unknown parameter (:class:`~flowgrpo.registry.ParameterError`) or a bad
+            value, in one line.
     """
-    factory = PRUNERS.get(name)
-    try:
-        bind_params(factory, params)
-    except TypeError as err:
-        raise ValueError(f"pruner {name!r}: {err}") from None
-    return factory(**params)
+    return PRUNERS.build(name, **params)
 
 
 def names() -> list[str]:

@@ -111,7 +111,7 @@ def integrate(
         return samplers.dpm_solver_2m(velocity, x, sigmas)
     if method != "euler":
         raise ValueError(f"unknown solver {method!r}; valid: {', '.join(SOLVERS)}")
-    ode = samplers.get("ode")
+    ode = samplers.build("ode")
     x = x.float()
     for k in range(len(sigmas) - 1):
         s, s_next = sigmas[k], sigmas[k + 1]
@@ -182,7 +182,7 @@ def rollout(
     """
     velocity = model_velocity(adapter, cond, spec.guidance, spec.autocast)
     weight = cond.tensors.get(LOGPROB_WEIGHT)  # positions the model does not generate: 0
-    ode, dtype = samplers.get("ode"), spec.storage_dtype
+    ode, dtype = samplers.build("ode"), spec.storage_dtype
     trained = trained.to(noise.device).long().sort(dim=1).values
     batch, num = trained.shape
     last = int(trained.max()) if num else -1

@@ -27,6 +27,7 @@ import torch
 import samplers
 from flowgrpo import seeding
 from flowgrpo.registry import Registry
+from flowgrpo.validation import is_integer
 from samplers import Sampler
 
 STEP_SELECTIONS: Registry[type[StepSelection]] = Registry("step selection")
@@ -132,7 +133,7 @@ class FlashSteps(StepSelection):
     def __init__(self, seed: int = 0, steps: list | None = None, rectify: bool = True) -> None:
         super().__init__(seed)
         steps = list(steps or [])
-        if any(not isinstance(k, int) or isinstance(k, bool) or k < 0 for k in steps):
+        if any(not is_integer(k) or k < 0 for k in steps):
             raise ValueError(f"flash steps must be step indices >= 0, got {steps}")
         self.steps, self.rectify = sorted(set(steps)), bool(rectify)
 
@@ -189,6 +190,7 @@ def build(name: str, seed: int = 0, **params: Any) -> StepSelection:
     """The step selection registered as ``name`` with its parameters.
 
     Raises:
-        UnknownNameError: unknown ``name``; TypeError / ValueError: a bad parameter.
+        UnknownNameError: unknown ``name``; ParameterError (a TypeError and a ValueError): an
+            unknown parameter; ValueError: a bad value.
     """
-    return STEP_SELECTIONS.get(name)(seed=seed, **params)
+    return STEP_SELECTIONS.build(name, seed=seed, **params)

@@ -30,7 +30,7 @@ class Views:
 
     def __init__(self, num_views: int, enhancer: str, params: dict, seed: int) -> None:
         self.num_views, self.seed = num_views, seed
-        self.enhancer = enhancers.get(enhancer, **params) if num_views else None
+        self.enhancer = enhancers.build(enhancer, **params) if num_views else None
 
     def captions(self, prompts: list[str], iteration: int) -> list[list[str]]:
         """``V`` lists of ``B`` captions: ``[prompts, view 1, ..., view num_views]``; the samples

@@ -9,6 +9,7 @@ from flowgrpo.rl.advantages.base import (  # noqa: F401  (the public names)
     ADVANTAGES,
     AGGREGATIONS,
     RUNTIME_INPUTS,
+    SUPPLIED,
     Estimator,
     Rewards,
     check_params,

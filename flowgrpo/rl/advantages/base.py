@@ -52,16 +52,16 @@ trainer can skip them.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import math
-import numbers
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping
 
 import torch
 from torch import Tensor
 
+from flowgrpo import registry
 from flowgrpo.registry import Registry
+from flowgrpo.validation import is_number
 
 Estimator = Callable[..., Tensor]
 Rewards = Tensor | Mapping[str, Tensor]
@@ -74,12 +74,14 @@ RUNTIME_INPUTS = ("state", "progress", "confidence")
 them: ``state`` (a mutable JSON-serialisable dict kept across iterations and saved in
 checkpoints), ``progress`` (fraction of training done, in ``[0, 1]``), ``confidence`` (a per-sample
 policy-confidence tensor, ``[B]`` or shaped like the rewards)."""
-_SUPPLIED = ("rewards", "groups", "eps", *RUNTIME_INPUTS)
+SUPPLIED = ("rewards", "groups", "eps", *RUNTIME_INPUTS)
+"""Parameters the trainer supplies to every estimator: a config cannot set them."""
 
 __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
     "RUNTIME_INPUTS",
+    "SUPPLIED",
     "check_params",
     "compute_advantages",
     "estimator_params",
@@ -113,7 +115,7 @@ def estimator_params(name: str) -> list[str]:
     Raises:
         UnknownNameError: naming the valid estimators.
     """
-    return [p for p in _keyword_names(get(name)) if p not in _SUPPLIED]
+    return [p for p in _keyword_names(get(name)) if p not in SUPPLIED]
 
 
 def runtime_inputs(name: str) -> list[str]:
@@ -131,24 +133,14 @@ def check_params(name: str, params: Mapping[str, object] | None) -> None:
         TypeError: one line naming the unknown parameter, the closest valid one and every valid
             one (``state``/``progress``/``confidence`` come from the trainer, not the config).
     """
-    valid = estimator_params(name)
-    if params is None:
-        return
-    if not isinstance(params, Mapping):
-        raise TypeError(f"advantage params must be a dict, got {type(params).__name__}")
-    unknown = [key for key in params if key not in valid]
-    if unknown:
-        close = difflib.get_close_matches(str(unknown[0]), valid, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        supplied = " (supplied by the trainer)" if unknown[0] in _SUPPLIED else ""
-        raise TypeError(f"advantage estimator {name!r} got an unknown parameter "
-                        f"{unknown[0]!r}{supplied}{hint}; valid: {', '.join(valid) or 'none'}")
+    registry.check_params(get(name), params, supplied=SUPPLIED,
+                          label=f"advantage estimator {name!r}")
 
 
 def _real(name: str, value: object, low: float | None = None, high: float | None = None,
           low_open: bool = False, high_open: bool = False) -> float:
     """``value`` as a finite float within the given bounds, else a one-line TypeError/ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_number(value):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     value = float(value)
     below = low is not None and (value <= low if low_open else value < low)
@@ -160,13 +152,7 @@ def _real(name: str, value: object, low: float | None = None, high: float | None
     return value
 
 
-def _choice(name: str, value: object, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
-    return str(value)
-
-
-def _check(rewards: Tensor, groups: Tensor) -> tuple[Tensor, Tensor]:
+def _validated(rewards: Tensor, groups: Tensor) -> tuple[Tensor, Tensor]:
     """Validate shapes and values; return ``(rewards float32 [B, *E], groups long [B])``."""
     if rewards.ndim == 0 or rewards.numel() == 0:
         raise ValueError(
@@ -219,7 +205,7 @@ def _group_stats(rewards: Tensor, groups: Tensor) -> tuple[Tensor, Tensor, Tenso
 def _centred(rewards: Tensor, groups: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(r - mean_group`` with constant groups exactly 0``, group std, rewards)``, each
     ``[B, *E]``."""
-    rewards, groups = _check(rewards, groups)
+    rewards, groups = _validated(rewards, groups)
     mean, std, constant = _group_stats(rewards, groups)
     centred = torch.where(constant, torch.zeros_like(rewards), rewards - mean)
     return centred, std, rewards
@@ -292,7 +278,7 @@ def _constant_mask(values: list[Tensor], groups: Tensor) -> Tensor:
     sample's group."""
     mask = torch.ones(groups.shape, dtype=torch.bool, device=groups.device)
     for value in values:
-        constant = _group_stats(*_check(value, groups))[2]
+        constant = _group_stats(*_validated(value, groups))[2]
         mask = mask.to(constant.device) & constant.reshape(len(constant), -1).all(1)
     return mask
 
@@ -386,7 +372,7 @@ def compute_advantages(
     named = _as_named(rewards, weights)
 
     if aggregation == "sum_then_normalize":
-        mixed = sum(w * _check(r, groups)[0] for r, w in named.values())
+        mixed = sum(w * _validated(r, groups)[0] for r, w in named.values())
         if stateful:
             kwargs["state"] = state
         adv = estimate(mixed, groups, eps=eps, **kwargs)

@@ -14,12 +14,13 @@ from collections.abc import Mapping, MutableMapping, Sequence
 import torch
 from torch import Tensor
 
-from flowgrpo.rl.advantages.base import ADVANTAGES, _check, _choice, _group_stats, _real
+from flowgrpo.rl.advantages.base import ADVANTAGES, _group_stats, _real, _validated
+from flowgrpo.validation import one_of
 
 
 def _stats(rewards: Tensor, groups: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(rewards, mean, std, constant, centred)``, each ``[B, *E]``, as :func:`_centred`."""
-    rewards, groups = _check(rewards, groups)
+    rewards, groups = _validated(rewards, groups)
     mean, std, constant = _group_stats(rewards, groups)
     centred = torch.where(constant, torch.zeros_like(rewards), rewards - mean)
     return rewards, mean, std, constant, centred
@@ -149,7 +150,7 @@ def a_grae_advantages(rewards: Tensor, groups: Tensor, eps: float = 1e-4, *,
         Advantages shaped like ``rewards``; exactly 0 where a group's column is constant.
     """
     progress = _real("progress", progress, low=0.0, high=1.0)
-    schedule = _choice("schedule", schedule, A_GRAE_SCHEDULES)
+    schedule = one_of("schedule", schedule, A_GRAE_SCHEDULES)
     alpha = _real("alpha", alpha, low=0.0, low_open=True)
     rewards, mean, std, _, centred = _stats(rewards, groups)
     z = centred / (std + eps)

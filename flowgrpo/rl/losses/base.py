@@ -49,9 +49,7 @@ __all__ = [
 
 
 def get(name: str) -> LossFn:
-    """Return the policy loss registered as ``name``.
-
-    Registered: ``clip``, ``gate``, ``guard``, ``mhpo``, ``mu_grpo``, ``sapo``, ``stable``.
+    """Return the policy loss registered as ``name`` (``flowgrpo list`` names them).
 
     Raises:
         UnknownNameError: naming the valid losses.

@@ -21,6 +21,7 @@ from flowgrpo.rl.losses.base import (
     _ppo_clip,
     _prepare,
 )
+from flowgrpo.validation import one_of
 
 # Gate shapes g(z) with g(0) = 0, g'(0) = 1, g' even, decreasing in |z| and bounded g, as
 # ``(g, g')``; the gate is f(r) = 1 + g(tau (r - 1)) / tau.
@@ -138,8 +139,7 @@ def gate_loss(
         ``(loss, metrics)``; ``train/clipfrac`` counts samples whose gate slope ``f'(r)`` fell
         below 0.5 (the update is damped by more than half), as for ``sapo``.
     """
-    if not isinstance(fn, str) or fn not in _GATES:
-        raise ValueError(f"fn must be one of {', '.join(sorted(_GATES))}, got {fn!r}")
+    one_of("fn", fn, sorted(_GATES))
     _check_positive(tau_pos=tau_pos, tau_neg=tau_neg)
     logp, logp_old, adv = _prepare(logp, logp_old, adv)
     log_ratio = logp - logp_old

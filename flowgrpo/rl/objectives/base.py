@@ -28,6 +28,7 @@ from flowgrpo.rl import kl as kl_lib
 from flowgrpo.rl import losses
 from flowgrpo.rl.batch import RolloutBatch, chunks
 from flowgrpo.rl.replay import replay_step
+from flowgrpo.validation import integer
 from pipelines import FlowAdapter
 
 OBJECTIVES: Registry[type[Objective]] = Registry("objective")
@@ -144,9 +145,7 @@ class RatioObjective(Objective):
     def __init__(self, policy: Policy, steps_per_call: int = 1,
                  guidance: float | None = None) -> None:
         super().__init__(policy)
-        if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int) \
-                or steps_per_call < 1:
-            raise ValueError(f"steps_per_call must be an integer >= 1, got {steps_per_call!r}")
+        integer("steps_per_call", steps_per_call, 1)
         if guidance is not None and not float(guidance) >= 0:
             raise ValueError(f"guidance must be >= 0, got {guidance!r}")
         self.steps_per_call = steps_per_call
@@ -238,7 +237,7 @@ def add_kl(loss: torch.Tensor, metrics: dict, kl: torch.Tensor | None, weight: t
 
 def build(name: str, policy: Policy, **params: Any) -> Objective:
     """The objective registered as ``name``, bound to ``policy``, with its parameters."""
-    return OBJECTIVES.get(name)(policy, **params)
+    return OBJECTIVES.build(name, policy, **params)
 
 
 # the likelihood-free objectives register themselves here

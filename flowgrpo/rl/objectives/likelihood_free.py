@@ -38,6 +38,7 @@ from flowgrpo.rl.kl import KLInputs
 from flowgrpo.rl.objectives.base import OBJECTIVES, Objective, Policy, add_kl, fill
 from flowgrpo.rl.reference import reference
 from flowgrpo.rl.rollout import model_velocity
+from flowgrpo.validation import integer, one_of
 from pipelines.base import LOGPROB_WEIGHT
 
 TIMESTEPS = ("uniform", "logit_normal")
@@ -105,13 +106,9 @@ class ForwardObjective(Objective):
                  weighting: str = "adaptive", power: float = 0.25,
                  guidance: float | None = None) -> None:
         super().__init__(policy)
-        if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
-            raise ValueError(f"draws must be an integer >= 1, got {draws!r}")
-        if timesteps not in TIMESTEPS:
-            raise ValueError(f"timesteps must be one of {', '.join(TIMESTEPS)}, got {timesteps!r}")
-        if weighting not in WEIGHTINGS:
-            raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)}, "
-                             f"got {weighting!r}")
+        integer("draws", draws, 1)
+        one_of("timesteps", timesteps, TIMESTEPS)
+        one_of("weighting", weighting, WEIGHTINGS)
         if not power > 0:
             raise ValueError(f"power must be > 0, got {power}")
         self.k, self.timesteps, self.weighting, self.power = draws, timesteps, weighting, power
