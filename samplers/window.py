@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 
 from flowgrpo import seeding
-
 from flowgrpo.validation import integer, is_integer, is_number, one_of
 
 STRATEGIES = ("progressive", "random", "fixed", "decay", "exp_decay")
