@@ -113,7 +113,7 @@ def iteration(trainer: Any, epoch: int) -> dict[str, float]:
     """One GRPO iteration, exactly the work of ``Trainer.epoch`` but logging: roll out, views,
     advantages, update; returns the epoch's ``calls/*`` counts."""
     batch = trainer.sample(epoch)
-    trainer.views.extend(trainer, batch, epoch)
+    trainer.views.extend(trainer.session, trainer.rewards.score, batch, epoch)
     adv, _ = trainer.advantages(batch)
     trainer.update(batch, adv, epoch)
     return trainer.calls.take()

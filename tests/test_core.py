@@ -106,7 +106,7 @@ def contract_cases() -> list[tuple[str, str, str, int]]:
 def assert_ratio_one(t: Trainer) -> dict:
     """Run the objective on every unit of one rollout batch before any update; every ratio is 1."""
     batch = t.sample(0)
-    t.views.extend(t, batch, 0)
+    t.views.extend(t.session, t.rewards.score, batch, 0)
     adv, metrics = t.advantages(batch)
     from flowgrpo.training.trainer import canonical_advantages
 
@@ -202,7 +202,7 @@ def test_solve_equals_a_deterministic_rollout(tmp_path):
     t = toy_trainer(tmp_path)
     sigmas = t.adapter.schedule(10)
     noise = t.adapter.noise(4, torch.Generator().manual_seed(0))
-    cond = t.encode(["a handwritten digit 3"] * 4)
+    cond = t.session.encode(["a handwritten digit 3"] * 4)
     none = torch.zeros(4, 0, dtype=torch.long)
     traj = rollout(t.adapter, RolloutSpec(t.sampler), cond, noise, sigmas, none)
     euler = solve(t.adapter, noise, sigmas, cond, 1.0)
@@ -260,7 +260,7 @@ def _stacked_update(out, per: int, views: int):
                     "train.beta=0.01", f"train.views={views}")
     assert_ratio_one(t)
     batch = t.sample(0)
-    t.views.extend(t, batch, 0)
+    t.views.extend(t.session, t.rewards.score, batch, 0)
     units = t.objective.units(batch)
     calls, grads = [], []
     hook = t.adapter.transformer.register_forward_pre_hook(

@@ -185,13 +185,13 @@ def test_an_image_conditioned_family_encodes_each_prompt_with_its_own_source(tmp
         cfg.train.batch_size, cfg.train.group_size = 4, 2
         t = Trainer(cfg)
         SourceImageAdapter.reads.clear()
-        cond = t.encode(["make it red"] * 4, [items[0][1], items[1][1]] * 2)
+        cond = t.session.encode(["make it red"] * 4, [items[0][1], items[1][1]] * 2)
         assert cond.tensors["shift"].flatten().tolist() == [0.0, 1.0, 0.0, 1.0]
         assert len(SourceImageAdapter.reads) == 2  # one encoding per distinct (prompt, image)
-        t.encode(["make it red"] * 2, [items[1][1], items[0][1]])
+        t.session.encode(["make it red"] * 2, [items[1][1], items[0][1]])
         assert len(SourceImageAdapter.reads) == 2  # cached across calls
         SourceImageAdapter.reads.clear()
-        t._cond_cache.clear()
+        t.session._cond_cache.clear()
         t.evaluator.run(0)
         assert set(SourceImageAdapter.reads) == {m["image"] for _, m in items}
     finally:

@@ -129,7 +129,7 @@ def test_views_rescore_the_same_samples_under_other_captions(tmp_path):
     t = toy_trainer(tmp_path, "train.views=2", *captions)
     batch = t.sample(0)
     final = batch.traj.final.clone()
-    t.views.extend(t, batch, 0)
+    t.views.extend(t.session, t.rewards.score, batch, 0)
     assert torch.equal(batch.traj.final, final)  # nothing regenerated
     assert len(batch.views) == len(batch.view_rewards) == 3
     first = batch.prompts[0]

@@ -190,7 +190,7 @@ def test_reference_switches_the_lora_off_exactly_as_diffusers_does(tiny_sd3_dir,
     model = unwrap(t.adapter.transformer)
     for p in t.params:  # a LoRA that changes the output
         p.data.add_(0.05 * torch.randn_like(p))
-    cond = t.encode(["a red square", "a blue circle"])
+    cond = t.session.encode(["a red square", "a blue circle"])
     x = t.adapter.noise(2, torch.Generator().manual_seed(0))
     sigma = torch.full((2,), 0.6)
     with torch.no_grad():

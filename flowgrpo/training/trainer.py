@@ -14,8 +14,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -36,6 +35,7 @@ from flowgrpo.rl import step_selection as steps_lib
 from flowgrpo.rl.batch import RolloutBatch, chunks
 from flowgrpo.rl.ema import EMA
 from flowgrpo.rl.rollout import RolloutSpec, rollout
+from flowgrpo.rl.session import ModelSession
 from flowgrpo.rl.views import Views
 from flowgrpo.run import checkpoint as ckpt
 from flowgrpo.run import resume as resume_lib
@@ -118,20 +118,22 @@ class Trainer:
         self.views = Views(tc.views, tc.enhancer, tc.enhancer_params, cfg.run.seed)
         self.rewards = RewardRunner(cfg.reward, self.adapter, cfg.run)
         self.prompts = load_prompts(cfg.data.prompts)
-        self.autocast = autocast_factory(cfg.model.mixed_precision, self.acc.device)
+        self.session = ModelSession(
+            self.adapter, self.acc.device, mixed_precision=cfg.model.mixed_precision,
+            guidance=cfg.model.guidance, num_steps=cfg.sampler.num_steps,
+            offload_encoders=cfg.model.offload_encoders,
+            cache_prompt_embeds=cfg.model.cache_prompt_embeds, params=self.params)
         self.spec = RolloutSpec(self.sampler, cfg.model.guidance, cfg.sampler.after_window,
                                 cfg.sampler.flash_ratio, getattr(torch, cfg.sampler.storage_dtype),
-                                self.autocast)
+                                self.session.autocast)
         policy = objectives.Policy(
-            self.adapter, self.sampler, guidance=cfg.model.guidance, loss=tc.loss,
-            loss_params=tc.loss_params, beta=tc.beta,
-            batch_size=tc.train_batch_size or tc.batch_size, autocast=self.autocast, kl=tc.kl,
-            params=self.params, seed=cfg.run.seed)
+            self.session, self.sampler, loss=tc.loss, loss_params=tc.loss_params, beta=tc.beta,
+            batch_size=tc.train_batch_size or tc.batch_size, kl=tc.kl, params=self.params,
+            seed=cfg.run.seed)
         self.objective = objectives.build(tc.objective, policy, **tc.objective_params)
         self.pruner = pruning.build(tc.pruner, **tc.pruner_params)
         self.adv_state: dict = {}  # a stateful advantage estimator's running statistics
         self.nonfinite_run = 0  # optimizer steps skipped in a row for non-finite gradients
-        self._cond_cache: dict[tuple, object] = {}  # (prompt, *condition values) -> Cond
         self.start_epoch = 0
         if checkpoint is not None:
             self.load(checkpoint)
@@ -160,9 +162,9 @@ class Trainer:
             purge_step=self.start_epoch + 1 if checkpoint is not None else None,
         )
         self.evaluator = Evaluator(
-            cfg, self.adapter, self.rewards,
-            load_prompts(cfg.data.eval_prompts or cfg.data.prompts), self.encode, self.acc,
-            self.autocast, self.tracker, self.ema,
+            cfg, self.session, self.rewards,
+            load_prompts(cfg.data.eval_prompts or cfg.data.prompts), self.acc, self.tracker,
+            self.ema,
         )
 
     def state_dict(self) -> dict:
@@ -177,54 +179,6 @@ class Trainer:
         self.sampler = self.spec.sampler = self.objective.policy.sampler = sampler
 
     # ----------------------------------------------------------------- phases of an epoch
-    def encode(self, prompts: list[str], metadata: list[dict] | None = None,
-               cache: bool = True):
-        """Encode each distinct input once and expand to the batch.
-
-        An input is a prompt, plus the metadata values the family's encoding depends on
-        (``adapter.condition_keys``, e.g. an edit's source image). When the family allows it
-        (``per_prompt_encoding``), each input is encoded on its own, so its encoding does not
-        depend on which inputs share the call: a resumed run and a run on more processes see the
-        same numbers. The encodings are cached across epochs when the config asks for it and
-        ``cache`` is True (generated captions pass False)."""
-        from pipelines import Cond
-
-        keys = self.adapter.condition_keys
-        metadata = metadata if metadata is not None else [{} for _ in prompts]
-        inputs = [(p, *(repr(m.get(k)) for k in keys)) for p, m in zip(prompts, metadata)]
-        first = {}
-        for i, key in enumerate(inputs):
-            first.setdefault(key, i)
-        if not self.adapter.per_prompt_encoding:  # one call, so every row shares its padding
-            unique = sorted(first)
-            with self.offloaded(self.adapter.text_encoder_names):
-                enc = self.adapter.encode_inputs([prompts[first[k]] for k in unique],
-                                                 [metadata[first[k]] for k in unique])
-            return enc.index([unique.index(k) for k in inputs])
-        todo = sorted(k for k in first if k not in self._cond_cache)
-        if todo:
-            with self.offloaded(self.adapter.text_encoder_names):
-                for k in todo:
-                    i = first[k]
-                    self._cond_cache[k] = self.adapter.encode_inputs([prompts[i]], [metadata[i]])
-        cond = Cond.cat([self._cond_cache[k] for k in inputs])
-        if not (self.cfg.model.cache_prompt_embeds and cache):
-            self._cond_cache.clear()
-        return cond
-
-    @contextmanager
-    def offloaded(self, names: tuple[str, ...]) -> Iterator[None]:
-        """With ``model.offload_encoders``, the named components sit on the accelerator only
-        inside the block and wait on the CPU otherwise."""
-        if not self.cfg.model.offload_encoders:
-            yield
-            return
-        self.adapter.move_components(names, self.acc.device)
-        try:
-            yield
-        finally:
-            self.adapter.move_components(names, "cpu")
-
     def sample(self, epoch: int) -> RolloutBatch:
         """Roll out one batch of prompt groups; rewards overlap the following chunks.
 
@@ -244,21 +198,21 @@ class Trainer:
         metas = [{**m, "iteration": epoch, "sample": i} for m, i in zip(metas, index.tolist())]
         gens = [torch.Generator(self.acc.device).manual_seed(hash_seed(cfg.run.seed, epoch, i, 1))
                 for i in index.tolist()]
-        sigmas = self.adapter.schedule(cfg.sampler.num_steps)
+        sigmas = self.session.schedule()
         trained = self.selection.select(sigmas, groups, epoch, self.sampler)
         weights = self.selection.weights(sigmas, trained, self.sampler).to(self.acc.device)
         trajs, pending = [], []
         size = cfg.train.sample_batch_size or cfg.train.batch_size
         if self.rewards.groupwise:  # a group-wise reward must see whole groups in each chunk
             size = max(size // k, 1) * k
-        cond_all = self.encode(texts, metas)  # encodings: once per batch, not per chunk
-        with self.offloaded(("vae",)), self.objective.sampling():
+        cond_all = self.session.encode(texts, metas)  # once per batch, not per chunk
+        with self.session.offloaded(("vae",)), self.objective.sampling():
             for sl in chunks(len(texts), size):
                 cond = cond_all.index(sl)
                 noise = torch.cat([self.adapter.noise(1, g) for g in gens[sl]])
                 traj = rollout(self.adapter, self.spec, cond, noise, sigmas, trained[sl],
                                generator=gens[sl])
-                media = self.adapter.decode(traj.final)
+                media = self.session.decode(traj.final)
                 pending.append(self.rewards.submit(media, texts[sl], metas[sl]))
                 trajs.append(traj)
         try:
@@ -276,7 +230,7 @@ class Trainer:
         group and keep this process's part: ``[B, V, J, P]``. Samples of skipped groups
         (``batch.valid`` False) take no part and get advantage 0."""
         cfg = self.cfg
-        signal = self.credit.rewards(self, batch)
+        signal = self.credit.rewards(self.session, self.rewards.score, batch)
         batch.regions = signal.regions
         groups = self.acc.gather(batch.groups.to(self.acc.device))
         valid = self.acc.gather(batch.valid.to(self.acc.device)).bool().cpu()
@@ -486,7 +440,7 @@ class Trainer:
             batch = self.sample(epoch)
         except RewardStop as err:
             self.stop_at(epoch, str(err))
-        self.views.extend(self, batch, epoch)
+        self.views.extend(self.session, self.rewards.score, batch, epoch)
         t1 = time.time()
         adv, metrics = self.advantages(batch)
         metrics.update(self.update(batch, adv, epoch))
@@ -583,14 +537,6 @@ def optimizer_kernel(kernel: str, device: torch.device) -> dict:
     if kernel == "auto":
         return {"fused": True} if device.type == "cuda" else {}
     return {kernel: True}
-
-
-def autocast_factory(mixed_precision: str, device: torch.device):
-    """A zero-argument context factory: autocast in bf16/fp16, or nothing."""
-    if mixed_precision == "fp32":
-        return nullcontext
-    dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
-    return lambda: torch.autocast(device.type, dtype=dtype)
 
 
 def _rows(rewards: torch.Tensor | dict, rows: torch.Tensor) -> torch.Tensor | dict:
