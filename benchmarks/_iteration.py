@@ -106,7 +106,7 @@ def build_trainer(overrides: list[str], output_dir: str) -> Any:
 
     cfg = load_config(None, [*RUN, f"run.output_dir={output_dir}", *overrides])
     with redirect_stdout(io.StringIO()):  # the trainer's one-line banner
-        return Trainer(cfg)
+        return Trainer.from_config(cfg)
 
 
 def iteration(trainer: Any, epoch: int) -> dict[str, float]:

@@ -7,6 +7,7 @@ aggregation, normalized one by one before they are summed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -14,10 +15,30 @@ import torch
 
 from flowgrpo.config.schema import RewardConfig, RunConfig
 from flowgrpo.errors import RunError
+from flowgrpo.registry import short_name
 from flowgrpo.rl.batch import cat_rewards
 from pipelines import FlowAdapter
 from reward_models import Media, RewardOutput
 from reward_models.checks import RewardFault, check_output
+
+
+def _with_given(specs: list[dict], given: dict[str, Callable]) -> list[dict]:
+    """``specs`` with each name in ``given`` replaced by its reward, built as the registry
+    builds a plugged-in one, and keyed by the name's short form (the metrics' name)."""
+    if not given:
+        return specs
+    from reward_models.base import as_reward_factory
+
+    out = []
+    for spec in specs:
+        name = spec["name"]
+        if name in given:
+            spec = {**spec, "name": as_reward_factory(given[name])(**spec["params"]),
+                    "params": {}, "key": short_name(name)}
+        out.append(spec)
+    if len(out) == 1 and out[0]["weight"] == 1.0:  # one reward alone is not a mix
+        out[0].pop("key", None)
+    return out
 
 
 class _Done(Future):
@@ -54,16 +75,20 @@ class RewardRunner:
         adapter: the model adapter (its modality and sample rate describe the media).
         run: the ``run`` config section (``on_reward_error``, ``reward_retries``,
             ``on_nonfinite``); None: stop on every fault.
+        given: rewards the caller holds (scoring functions or reward classes, as the Python API
+            takes them), by the name ``cfg`` records for them; the other names are looked up in
+            the reward registry.
     """
 
-    def __init__(self, cfg: RewardConfig, adapter: FlowAdapter, run: RunConfig | None = None
-                 ) -> None:
+    def __init__(self, cfg: RewardConfig, adapter: FlowAdapter, run: RunConfig | None = None,
+                 given: dict[str, Callable] | None = None) -> None:
         from reward_models.mix import build_reward
 
         self.cfg = cfg
         self.run = run or RunConfig(on_reward_error="stop", on_nonfinite="stop")
         self.name = "+".join(spec["name"] for spec in cfg.specs())
-        self.reward = build_reward(cfg.specs(), mode=cfg.mix_mode, seed=self.run.seed)
+        self.reward = build_reward(_with_given(cfg.specs(), given or {}), mode=cfg.mix_mode,
+                                   seed=self.run.seed)
         self.modality = adapter.modality
         self.sample_rate = adapter.sample_rate
         self.groupwise = bool(getattr(self.reward, "groupwise", False))

@@ -14,6 +14,7 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -23,149 +24,85 @@ from tqdm.auto import tqdm
 import samplers
 from flowgrpo import console
 from flowgrpo import distributed as engines
-from flowgrpo.config.io import to_dict, to_yaml
+from flowgrpo.config.io import to_dict
 from flowgrpo.config.schema import Config
-from flowgrpo.data.prompts import load_prompts, sample_groups
-from flowgrpo.distributed import unwrap
+from flowgrpo.data.prompts import sample_groups
 from flowgrpo.errors import Interrupted, RunError
 from flowgrpo.rl import advantages as adv_lib
-from flowgrpo.rl import credit as credit_lib
-from flowgrpo.rl import objectives, pruning
-from flowgrpo.rl import step_selection as steps_lib
 from flowgrpo.rl.batch import RolloutBatch, chunks
-from flowgrpo.rl.ema import EMA
-from flowgrpo.rl.rollout import RolloutSpec, rollout
-from flowgrpo.rl.session import ModelSession
-from flowgrpo.rl.views import Views
+from flowgrpo.rl.rollout import rollout
 from flowgrpo.run import checkpoint as ckpt
-from flowgrpo.run import resume as resume_lib
-from flowgrpo.run.tracking import Tracker, new_run_dir
+from flowgrpo.run.resume import RunFolder
+from flowgrpo.run.tracking import Tracker
 from flowgrpo.seeding import hash_seed
-from flowgrpo.training.calls import CallCounter
+from flowgrpo.training.components import Components, accelerator, build_components
 from flowgrpo.training.evaluation import Evaluator
-from flowgrpo.training.model_setup import compile_forward, load_adapter, make_trainable
-from flowgrpo.training.reward_runner import RewardRunner, RewardStop
+from flowgrpo.training.reward_runner import RewardStop
 
 
 class Trainer:
-    """Build everything a run needs from a validated :class:`Config`.
+    """Run built components in a run folder, one epoch after another.
 
     Args:
-        config: the resolved configuration.
-        resume: ``None`` (fresh run), ``"auto"`` (the newest intact checkpoint of
-            ``run.output_dir``, or of the run under ``runs/`` saved last) or a checkpoint / run
-            folder. The checkpoint's config must match ``config`` but for harmless keys
-            (:data:`flowgrpo.run.resume.HARMLESS`).
-        overwrite: start a fresh run even in a folder that holds one (its files are deleted);
-            without it such a folder is refused.
+        components: the run's parts (:func:`~flowgrpo.training.components.build_components`).
+        run: the run folder and the checkpoint it continues from, if any
+            (:meth:`flowgrpo.run.resume.RunFolder.open`).
+
+    :meth:`from_config` builds both from a config.
     """
 
-    def __init__(self, config: Config, resume: str | None = None,
-                 overwrite: bool = False) -> None:
-        from accelerate import Accelerator
-        from accelerate.utils import broadcast_object_list, set_seed
-
-        self.cfg = cfg = config
-        self.acc = Accelerator(cpu=cfg.run.cpu or not torch.cuda.is_available())
-        self.rank, self.world = self.acc.process_index, self.acc.num_processes
-        main = self.acc.is_main_process
-        checkpoint = (ckpt.find_checkpoint(resume, cfg.run.output_dir,
-                                           warn=resume_lib.warn if main else None)
-                      if resume else None)
-        changed: dict = {}
-        if checkpoint is not None:
-            run_dir = checkpoint.parent.parent
-            state = ckpt.read_json(checkpoint / "state.json")
-            saved_world = int(state.get("world_size", 1))
-            changed = resume_lib.check_config(state["config"], saved_world, cfg, self.world)
-        else:
-            run_dir = Path(cfg.run.output_dir) if cfg.run.output_dir else new_run_dir()
-        self.run_dir = Path(broadcast_object_list([str(run_dir)])[0])
-        if checkpoint is None:
-            resume_lib.guard_fresh(self.run_dir, overwrite, clear=False)
-        if main:
-            print(f"flowgrpo: {engines.describe(self.acc)}; run directory {self.run_dir}",
-                  flush=True)
-        set_seed(cfg.run.seed + self.rank)
-
-        self.adapter = load_adapter(cfg.model, self.acc.device)
-        self.params = make_trainable(cfg.model, self.adapter)
-        reference_copy = getattr(self.adapter, "reference_copy", None)  # full fine-tuning only
-        self.calls = CallCounter([m for m in (self.adapter.transformer, reference_copy)
-                                  if m is not None])
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=cfg.train.lr, betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
-            weight_decay=cfg.train.weight_decay,
-            **optimizer_kernel(cfg.train.optimizer_kernel, self.acc.device),
-        )
-        engines.set_deepspeed_micro_batch(self.acc, cfg.train.train_batch_size
-                                          or cfg.train.batch_size)
-        self.adapter.transformer, self.optimizer = self.acc.prepare(
-            self.adapter.transformer, self.optimizer
-        )
-        if cfg.model.compile:
-            for module in (self.adapter.transformer, reference_copy):
-                if module is not None:
-                    compile_forward(module, cfg.model.compile)
-        # FSDP2 replaces the parameter objects; under DDP these are the same ones
-        self.params = engines.trainable_parameters(unwrap(self.adapter.transformer))
-        self.ema = EMA(self.params, cfg.train.ema_decay) if cfg.train.ema else None
-        self.sampler = samplers.get(cfg.sampler.name, **cfg.sampler.params)
-        tc = cfg.train
-        self.selection = steps_lib.build(tc.step_selection, seed=cfg.run.seed,
-                                         **tc.step_selection_params)
-        self.credit = credit_lib.build(tc.credit, **tc.credit_params)
-        self.views = Views(tc.views, tc.enhancer, tc.enhancer_params, cfg.run.seed)
-        self.rewards = RewardRunner(cfg.reward, self.adapter, cfg.run)
-        self.prompts = load_prompts(cfg.data.prompts)
-        self.session = ModelSession(
-            self.adapter, self.acc.device, mixed_precision=cfg.model.mixed_precision,
-            guidance=cfg.model.guidance, num_steps=cfg.sampler.num_steps,
-            offload_encoders=cfg.model.offload_encoders,
-            cache_prompt_embeds=cfg.model.cache_prompt_embeds, params=self.params)
-        self.spec = RolloutSpec(self.sampler, cfg.model.guidance, cfg.sampler.after_window,
-                                cfg.sampler.flash_ratio, getattr(torch, cfg.sampler.storage_dtype),
-                                self.session.autocast)
-        policy = objectives.Policy(
-            self.session, self.sampler, loss=tc.loss, loss_params=tc.loss_params, beta=tc.beta,
-            batch_size=tc.train_batch_size or tc.batch_size, kl=tc.kl, params=self.params,
-            seed=cfg.run.seed)
-        self.objective = objectives.build(tc.objective, policy, **tc.objective_params)
-        self.pruner = pruning.build(tc.pruner, **tc.pruner_params)
+    def __init__(self, components: Components, run: RunFolder) -> None:
+        c = components
+        cfg, acc = c.cfg, c.acc
+        self.cfg, self.acc, self.session = cfg, acc, c.session
+        self.rank, self.world = acc.process_index, acc.num_processes
+        self.adapter, self.params = c.session.adapter, c.session.params
+        self.optimizer, self.ema, self.calls = c.optimizer, c.ema, c.calls
+        self.sampler, self.spec, self.selection = c.sampler, c.spec, c.selection
+        self.credit, self.views, self.objective, self.pruner = (c.credit, c.views, c.objective,
+                                                                c.pruner)
+        self.rewards, self.prompts = c.rewards, c.prompts
+        self.run_dir = run.path
         self.adv_state: dict = {}  # a stateful advantage estimator's running statistics
         self.nonfinite_run = 0  # optimizer steps skipped in a row for non-finite gradients
         self.start_epoch = 0
-        if checkpoint is not None:
-            self.load(checkpoint)
+        if run.checkpoint is not None:
+            self.load(run.checkpoint)
         self.stop_signal = 0
         self.last_saved = self.start_epoch  # the newest checkpoint of this run, by step
-        if main:  # the run folder: nothing of an earlier run is lost or duplicated
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            for leftover in ckpt.remove_leftovers(self.run_dir):
-                resume_lib.warn(f"removed {leftover}, an unfinished checkpoint write")
-            if checkpoint is None:
-                resume_lib.guard_fresh(self.run_dir, overwrite, clear=True)
-                (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
-            else:
-                dropped = resume_lib.truncate_metrics(self.run_dir, self.start_epoch)
-                resume_lib.record(self.run_dir, checkpoint, self.start_epoch, self.world,
-                                  changed, dropped)
-                notes = [f"changed: {', '.join(changed)}"] if changed else []
-                if saved_world != self.world:
-                    notes.append(f"written by {saved_world} processes; the global batch is kept")
-                print(f"flowgrpo: resuming from {checkpoint} at step {self.start_epoch}"
-                      + (f" ({'; '.join(notes)})" if notes else ""), flush=True)
-        self.acc.wait_for_everyone()
+        if acc.is_main_process:
+            run.prepare(cfg, self.start_epoch, self.world)
+        acc.wait_for_everyone()
         self.tracker = Tracker(
-            self.run_dir, main, cfg.run.tensorboard,
+            self.run_dir, acc.is_main_process, cfg.run.tensorboard,
             cfg.run.wandb_project if cfg.run.wandb else None, to_dict(cfg),
-            purge_step=self.start_epoch + 1 if checkpoint is not None else None,
+            purge_step=self.start_epoch + 1 if run.checkpoint is not None else None,
         )
-        self.evaluator = Evaluator(
-            cfg, self.session, self.rewards,
-            load_prompts(cfg.data.eval_prompts or cfg.data.prompts), self.acc, self.tracker,
-            self.ema,
-        )
+        self.evaluator = Evaluator(cfg, self.session, self.rewards, c.eval_prompts, acc,
+                                   self.tracker, self.ema)
+
+    @classmethod
+    def from_config(cls, config: Config, resume: str | None = None, overwrite: bool = False, *,
+                    sampler: samplers.Sampler | None = None,
+                    reward_funcs: dict[str, Callable] | None = None) -> Trainer:
+        """Build everything a run needs from a validated :class:`Config`.
+
+        Args:
+            resume: ``None`` (fresh run), ``"auto"`` (the newest intact checkpoint of
+                ``run.output_dir``, or of the run under ``runs/`` saved last) or a checkpoint /
+                run folder. The checkpoint's config must match ``config`` but for harmless keys
+                (:data:`flowgrpo.run.resume.HARMLESS`).
+            overwrite: start a fresh run even in a folder that holds one (its files are
+                deleted); without it such a folder is refused.
+            sampler, reward_funcs: parts passed in instead of built from the config (see
+                :func:`~flowgrpo.training.components.build_components`).
+        """
+        acc = accelerator(config)
+        run = RunFolder.open(config, acc, resume, overwrite)
+        if acc.is_main_process:
+            print(f"flowgrpo: {engines.describe(acc)}; run directory {run.path}", flush=True)
+        return cls(build_components(config, acc, sampler=sampler, reward_funcs=reward_funcs),
+                   run)
 
     def state_dict(self) -> dict:
         """The trainer's own counters (checkpointed in ``state.json``)."""
@@ -173,10 +110,6 @@ class Trainer:
 
     def load_state_dict(self, state: dict) -> None:
         self.nonfinite_run = int(state.get("nonfinite_run", 0))
-
-    def use_sampler(self, sampler: samplers.Sampler) -> None:
-        """Roll out and train with ``sampler`` from now on."""
-        self.sampler = self.spec.sampler = self.objective.policy.sampler = sampler
 
     # ----------------------------------------------------------------- phases of an epoch
     def sample(self, epoch: int) -> RolloutBatch:
@@ -511,13 +444,46 @@ class Trainer:
     # ----------------------------------------------------------------- checkpoints
     def save(self, step: int) -> Path | None:
         """Write checkpoint ``step`` atomically (see :mod:`flowgrpo.run.checkpoint`)."""
-        path = ckpt.save_trainer(self, step)
+        path = ckpt.save(self.run_dir, step, self.acc, self.session,
+                         lambda sharded: self.checkpoint_state(step, sharded),
+                         self.cfg.run.keep_checkpoints)
         self.last_saved = step
         return path
 
+    def checkpoint_state(self, step: int, sharded: bool) -> dict:
+        """What checkpoint ``step`` holds, each part built by its owner as whole CPU tensors
+        (``sharded``: the weights are sharded, so a full fine-tuning saves the whole model)."""
+        lora = self.cfg.model.lora
+        return {
+            "weights": self.session.state_dict(lora=lora, full_model=sharded and not lora),
+            "ema": None if self.ema is None else engines.full_tensors(self.ema.state_dict()),
+            "objective": engines.full_tensors(self.objective.state_dict()),
+            "optimizer": engines.full_optimizer_state(self.optimizer.state_dict()),
+            "state": {"step": step, "world_size": self.world, "calls": self.calls.state(),
+                      "advantage_state": self.adv_state, "trainer_state": self.state_dict(),
+                      "config": to_dict(self.cfg)},
+        }
+
     def load(self, folder: Path) -> None:
-        """Continue from checkpoint ``folder``: weights, optimizer, EMA, RNG, epoch."""
-        ckpt.load_trainer(self, folder)
+        """Continue from checkpoint ``folder``: each owner takes its part back (weights,
+        optimizer, EMA, RNG, counters, the objective's snapshots) and the run its epoch."""
+        saved = ckpt.read(folder)
+        try:
+            self.session.load_state_dict(saved["weights"]["trainable"])
+        except ValueError as err:
+            raise RunError(f"checkpoint {folder} does not match this model: {err}") from None
+        self.optimizer.load_state_dict(engines.shard_optimizer_state(saved["optimizer"],
+                                                                     self.optimizer))
+        if self.ema is not None and saved["ema"] is not None:
+            self.ema.load_state_dict(saved["ema"])
+        ckpt.load_rng(folder, self.rank)
+        state = saved["state"]
+        self.start_epoch = int(state["step"])  # one epoch per step
+        self.calls.load(state.get("calls", {}))
+        self.adv_state.update(state.get("advantage_state", {}))
+        self.load_state_dict(state.get("trainer_state", {}))
+        if saved["objective"] is not None:
+            self.objective.load_state_dict(saved["objective"])
 
 
 def canonical_advantages(adv: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
@@ -528,15 +494,6 @@ def canonical_advantages(adv: torch.Tensor, batch: RolloutBatch) -> torch.Tensor
     regions = 1 if batch.regions is None else len(batch.regions)
     adv = adv.float().reshape(len(adv), *adv.shape[1:], *([1] * (4 - adv.ndim)))
     return adv.expand(len(adv), views, steps, regions)
-
-
-def optimizer_kernel(kernel: str, device: torch.device) -> dict:
-    """AdamW's implementation keyword: ``auto`` is the fused kernel on CUDA (one launch for all
-    LoRA tensors instead of several per tensor) and torch's own choice elsewhere, which keeps
-    the CPU runs' numbers as they were."""
-    if kernel == "auto":
-        return {"fused": True} if device.type == "cuda" else {}
-    return {kernel: True}
 
 
 def _rows(rewards: torch.Tensor | dict, rows: torch.Tensor) -> torch.Tensor | dict:
