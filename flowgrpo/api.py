@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from flowgrpo.config.io import from_dict, load_config, merge_sections, to_dict
+from flowgrpo.config.io import from_dict, load_config, merge_sections, read_config, to_dict
 from flowgrpo.config.schema import Config
 from flowgrpo.errors import ConfigError
 from flowgrpo.registry import python_name
@@ -167,4 +167,7 @@ class Run:
         fine-tuned weights); ``.pipeline`` is the diffusers pipeline."""
         from flowgrpo.cli.inference import load_trained
 
-        return load_trained(load_config(self.path / "config.yaml"), str(self.path), device)
+        # the model needs no reward, and the callables a Python run was given need not import
+        data = read_config(self.path / "config.yaml")
+        data.pop("reward", None)
+        return load_trained(from_dict(data), str(self.path), device)
