@@ -171,29 +171,28 @@ class RewardRunner:
         """Score a batch synchronously (eval)."""
         return self.reward(self.media(data.detach()), prompts, metadata)
 
-    def for_advantages(self, signal, acc) -> torch.Tensor | dict:
-        """What the advantage estimator gets from every process (``signal``: a credit's
-        :class:`~flowgrpo.rl.credit.Signal`; ``acc``: the accelerate ``Accelerator``): the scores,
-        or the components when each reward is normalized on its own (``normalize_then_sum``)."""
+    def for_advantages(self, signal) -> torch.Tensor | dict:
+        """What the advantage estimator normalises (``signal``: a credit's
+        :class:`~flowgrpo.rl.credit.Signal`): the scores, or the components when each reward is
+        normalized on its own (``normalize_then_sum``)."""
         if self.cfg.aggregation == "normalize_then_sum" and self.weights and signal.components:
-            return {k: acc.gather(signal.components[k].to(acc.device)).float().cpu()
-                    for k in self.weights}
-        return acc.gather(signal.scores.to(acc.device)).float().cpu()
+            return {k: signal.components[k] for k in self.weights}
+        return signal.scores
 
-    def metrics(self, out: RewardOutput, acc, prefix: str = "reward",
-                valid: torch.Tensor | None = None) -> dict:
-        """``reward/mean``, ``reward/std`` and ``reward/<component>`` over all processes and the
-        usable samples (``valid``); ``reward/skipped_groups`` when some were skipped."""
-        valid = torch.ones(len(out.scores), dtype=torch.bool) if valid is None else valid
-        usable = acc.gather(valid.to(acc.device)).bool()
-        scores = acc.gather(out.scores.to(acc.device)).float()[usable]
+    def metrics(self, scores: torch.Tensor, components: dict[str, torch.Tensor],
+                info: dict[str, float], usable: torch.Tensor, prefix: str = "reward") -> dict:
+        """``reward/mean``, ``reward/std`` and ``reward/<component>`` over the usable samples
+        (``usable``) of the ``scores`` and ``components`` of every process;
+        ``reward/skipped_samples`` when some were skipped; ``info``, this process's reward info,
+        as it is."""
+        usable = usable.bool()
+        scores = scores.float()[usable]
         metrics = {f"{prefix}/mean": scores.mean().item(), f"{prefix}/std": scores.std().item()}
-        for key, value in (out.components or {}).items():
-            metrics[f"{prefix}/{key}"] = (acc.gather(value.to(acc.device)).float()[usable]
-                                          .mean().item())
+        for key, value in components.items():
+            metrics[f"{prefix}/{key}"] = value.float()[usable].mean().item()
         if not bool(usable.all()):
             metrics[f"{prefix}/skipped_samples"] = float((~usable).sum())
-        for key, value in out.info.items():
+        for key, value in info.items():
             metrics[f"{prefix}/{key}"] = float(value)
         return metrics
 

@@ -29,7 +29,7 @@ from flowgrpo.config.schema import Config
 from flowgrpo.data.prompts import sample_groups
 from flowgrpo.errors import Interrupted, RunError
 from flowgrpo.rl import advantages as adv_lib
-from flowgrpo.rl.batch import RolloutBatch, chunks
+from flowgrpo.rl.batch import GlobalView, RolloutBatch, chunks
 from flowgrpo.rl.rollout import rollout
 from flowgrpo.run import checkpoint as ckpt
 from flowgrpo.run.resume import RunFolder
@@ -153,22 +153,32 @@ class Trainer:
             error = None
         except RewardStop as err:
             error = err
-        if self.any_process(error is not None):  # every process stops together
+        if engines.any_process(self.acc, error is not None):  # every process stops together
             raise error or RewardStop("a reward failed on another process")
         return RolloutBatch.build(trajs, texts, metas, groups, reward, weights, iteration=epoch,
                                   index=index, valid=valid)
 
     def advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict]:
-        """Credit the rewards, gather them from every process, normalise every column within its
-        group and keep this process's part: ``[B, V, J, P]``. Samples of skipped groups
-        (``batch.valid`` False) take no part and get advantage 0."""
+        """Credit the rewards, gather the batch metadata of every process once (the epoch's
+        :class:`~flowgrpo.rl.batch.GlobalView`, kept in ``batch.everyone``), normalise every
+        column within its group and keep this process's part: ``[B, V, J, P]``. Samples of
+        skipped groups (``batch.valid`` False) take no part and get advantage 0."""
         cfg = self.cfg
         signal = self.credit.rewards(self.session, self.rewards.score, batch)
         batch.regions = signal.regions
-        groups = self.acc.gather(batch.groups.to(self.acc.device))
-        valid = self.acc.gather(batch.valid.to(self.acc.device)).bool().cpu()
-        rewards = self.rewards.for_advantages(signal, self.acc)
-        confidence = self.confidence(batch)
+        estimated = self.rewards.for_advantages(signal)  # a tensor, or one per component
+        parts = estimated if isinstance(estimated, dict) else {"": estimated}
+        components = batch.reward.components or {}
+        columns = {"groups": batch.groups, "valid": batch.valid, "scores": batch.reward.scores,
+                   **{f"component/{k}": v for k, v in components.items()},
+                   **{f"rewards/{k}": v for k, v in parts.items()}}
+        if "confidence" in adv_lib.runtime_inputs(cfg.train.advantage):  # rcc
+            columns["confidence"] = batch.traj.log_probs.sum(1)
+        every = engines.gather_columns(self.acc, columns)
+        groups, valid = every["groups"], every["valid"].bool().cpu()
+        parts = {k: every[f"rewards/{k}"].float().cpu() for k in parts}
+        rewards = parts if isinstance(estimated, dict) else parts[""]
+        confidence = every["confidence"].cpu() if "confidence" in every else None
         adv, metrics = adv_lib.compute_advantages(
             _rows(rewards, valid), groups[valid.to(groups.device)], estimator=cfg.train.advantage,
             adv_clip=cfg.train.adv_clip or None, weights=self.rewards.weights,
@@ -179,17 +189,29 @@ class Trainer:
         full = torch.zeros(len(valid), *(() if adv is None else adv.shape[1:]))
         if adv is not None:
             full[valid] = adv.float().cpu()
-        n = len(batch.groups)
-        metrics.update(self.rewards.metrics(batch.reward, self.acc, valid=batch.valid))
-        metrics.update(self.reduce(dict(batch.info)))
-        return full[self.rank * n:(self.rank + 1) * n].to(self.acc.device), metrics
+        view = GlobalView(groups.cpu(), valid, canonical_advantages(full, batch), self.rank,
+                          len(batch.groups))
+        view.issued = view.mine(full).to(self.acc.device)
+        batch.everyone = view
+        metrics.update(self.rewards.metrics(
+            every["scores"], {k: every[f"component/{k}"] for k in components},
+            batch.reward.info, every["valid"]))
+        metrics.update(engines.reduce(self.acc, dict(batch.info)))
+        return view.issued, metrics
 
-    def confidence(self, batch: RolloutBatch) -> torch.Tensor | None:
-        """Each trajectory's sampling log-prob summed over its trained steps, from every process,
-        when the advantage estimator takes it (``rcc``); else None."""
-        if "confidence" not in adv_lib.runtime_inputs(self.cfg.train.advantage):
-            return None
-        return self.acc.gather(batch.traj.log_probs.sum(1).to(self.acc.device)).cpu()
+    def global_view(self, batch: RolloutBatch, adv: torch.Tensor) -> GlobalView:
+        """The epoch's :class:`~flowgrpo.rl.batch.GlobalView` with this process's advantages
+        ``adv``: the one :meth:`advantages` made when ``adv`` is what it returned, else one
+        gathered here (a caller's own advantages)."""
+        view = batch.everyone
+        if view is not None and view.issued is adv:
+            return view
+        every = engines.gather_columns(self.acc, {"groups": batch.groups, "valid": batch.valid,
+                                                  "advantages": batch.advantages})
+        batch.everyone = GlobalView(every["groups"].cpu(), every["valid"].bool().cpu(),
+                                    every["advantages"].float().cpu(), self.rank,
+                                    len(batch.groups), issued=adv)
+        return batch.everyone
 
     def update(self, batch: RolloutBatch, adv: torch.Tensor, epoch: int) -> dict:
         """``num_inner_epochs`` passes of minibatch updates of the objective.
@@ -204,12 +226,12 @@ class Trainer:
         cfg = self.cfg.train
         batch.advantages = canonical_advantages(adv, batch)
         n = len(batch.groups)
-        train = batch.valid.to(self.acc.device).clone()
+        view = self.global_view(batch, adv)
+        train = view.valid.clone()
         if cfg.skip_zero_advantage and cfg.beta == 0:
             # with a KL term a zero-advantage sample still has a gradient: it is trained
-            train &= batch.advantages.flatten(1).ne(0).any(1)
-        everywhere = self.acc.gather(train).bool().cpu()
-        keep, out = self.prune(batch, everywhere.nonzero().flatten(), epoch)
+            train &= view.advantages.flatten(1).ne(0).any(1)
+        keep, out = self.prune(batch, view, train.nonzero().flatten(), epoch)
         low = self.rank * n
         mine = keep[(keep >= low) & (keep < low + n)] - low
         state = self.objective.prepare(batch, mine.to(self.acc.device))  # only what is trained
@@ -247,7 +269,7 @@ class Trainer:
                     if norm is not None:
                         norms.append(norm)
         self.objective.after_update()
-        totals = self.total({**sums, "_count": count})
+        totals = engines.total(self.acc, {**sums, "_count": count})
         count = totals.pop("_count")
         out.update({k: v / max(count, 1) for k, v in totals.items()})
         if norms:
@@ -287,49 +309,22 @@ class Trainer:
         return finite, (float(norm) if finite and norm is not None and cfg.max_grad_norm
                         else None)
 
-    def prune(self, batch: RolloutBatch, keep: torch.Tensor, epoch: int) -> tuple[torch.Tensor,
-                                                                                 dict]:
+    def prune(self, batch: RolloutBatch, view: GlobalView, keep: torch.Tensor,
+              epoch: int) -> tuple[torch.Tensor, dict]:
         """Drop low-information samples among the global indices ``keep`` (``train.pruner``)
-        and give the kept ones importance weights ``batch.sample_weights``, scaled by ``kept /
-        candidates`` so that the minibatch means stay unbiased estimates of the full batch's.
-        Runs on the gathered batch from ``(seed, epoch)``, the same on every process. Returns
-        the kept global indices and ``train/pruned_frac``, the fraction of training forwards
-        saved."""
-        n = len(batch.groups)
-        advantages = self.acc.gather(batch.advantages.contiguous()).cpu()
-        groups = self.acc.gather(batch.groups.to(self.acc.device)).cpu()
+        and give the kept ones importance weights (``view.sample_weights``, this process's part
+        in ``batch.sample_weights``), scaled by ``kept / candidates`` so that the minibatch
+        means stay unbiased estimates of the full batch's. Runs on the global view from
+        ``(seed, epoch)``, the same on every process. Returns the kept global indices and
+        ``train/pruned_frac``, the fraction of training forwards saved."""
         gen = torch.Generator().manual_seed(hash_seed(self.cfg.run.seed, epoch, 4))
-        local, weight = self.pruner(advantages[keep], groups[keep], gen)
+        local, weight = self.pruner(view.advantages[keep], view.groups[keep], gen)
         kept = keep[local.cpu()]
-        weights = torch.zeros(len(groups))
+        weights = torch.zeros(len(view.groups))
         weights[kept] = weight.float().cpu() * len(kept) / max(len(keep), 1)
-        batch.sample_weights = weights[self.rank * n:(self.rank + 1) * n]
+        view.sample_weights = weights
+        batch.sample_weights = view.mine(weights)
         return kept, {"train/pruned_frac": 1 - len(kept) / max(len(keep), 1)}
-
-    def any_process(self, flag: bool) -> bool:
-        """Whether ``flag`` holds on any process."""
-        if self.world == 1:
-            return flag
-        value = torch.tensor([float(flag)], device=self.acc.device)
-        return bool(self.acc.reduce(value, reduction="sum")[0] > 0)
-
-    def total(self, values: dict) -> dict:
-        """Sum of each value over processes."""
-        if self.world == 1 or not values:
-            return values
-        keys = sorted(values)
-        summed = self.acc.reduce(torch.tensor([float(values[k]) for k in keys],
-                                              device=self.acc.device), reduction="sum")
-        return dict(zip(keys, summed.tolist()))
-
-    def reduce(self, metrics: dict) -> dict:
-        """Mean of each metric over processes."""
-        if self.world == 1 or not metrics:
-            return metrics
-        keys = sorted(metrics)
-        values = torch.tensor([metrics[k] for k in keys], device=self.acc.device)
-        values = self.acc.reduce(values, reduction="mean")
-        return dict(zip(keys, values.tolist()))
 
     # ----------------------------------------------------------------- the loop
     def train(self) -> dict:
@@ -377,7 +372,7 @@ class Trainer:
         t1 = time.time()
         adv, metrics = self.advantages(batch)
         metrics.update(self.update(batch, adv, epoch))
-        metrics.update(self.reduce(self.calls.take()))
+        metrics.update(engines.reduce(self.acc, self.calls.take()))
         t2 = time.time()
         step = epoch + 1
         metrics.update({"time/rollout": t1 - t0, "time/train": t2 - t1, "time/step": t2 - t0,
