@@ -106,14 +106,14 @@ def build_trainer(overrides: list[str], output_dir: str) -> Any:
 
     cfg = load_config(None, [*RUN, f"run.output_dir={output_dir}", *overrides])
     with redirect_stdout(io.StringIO()):  # the trainer's one-line banner
-        return Trainer(cfg)
+        return Trainer.from_config(cfg)
 
 
 def iteration(trainer: Any, epoch: int) -> dict[str, float]:
     """One GRPO iteration, exactly the work of ``Trainer.epoch`` but logging: roll out, views,
     advantages, update; returns the epoch's ``calls/*`` counts."""
     batch = trainer.sample(epoch)
-    trainer.views.extend(trainer, batch, epoch)
+    trainer.views.extend(trainer.session, trainer.rewards.score, batch, epoch)
     adv, _ = trainer.advantages(batch)
     trainer.update(batch, adv, epoch)
     return trainer.calls.take()

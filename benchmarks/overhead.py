@@ -222,6 +222,7 @@ def instrument(trainer: Any, clock: Clock) -> TransformerProbe:
     """Time the trainer's phases and the functions they call (see the module docstring)."""
     import pipelines.base
     import samplers
+    from flowgrpo import distributed as engines
     from flowgrpo.distributed import unwrap
     from flowgrpo.rl import advantages, batch, objectives, rollout
     from flowgrpo.rl import replay as grpo
@@ -234,7 +235,7 @@ def instrument(trainer: Any, clock: Clock) -> TransformerProbe:
         (trainer.views, "extend", "views.extend"),
         (trainer, "advantages", "advantages"),
         (trainer, "update", "update"),
-        (trainer, "encode", "encode prompts (cached)"),
+        (trainer.session, "encode", "encode prompts (cached)"),
         (trainer.selection, "select", "step selection"),
         (trainer.selection, "weights", "step weights"),
         (adapter, "noise", "initial noise"),
@@ -249,7 +250,8 @@ def instrument(trainer: Any, clock: Clock) -> TransformerProbe:
         (trainer.rewards, "collect", "reward collect"),
         (batch, "cat_trajectories", "concatenate trajectories"),
         (trainer.credit, "rewards", "credit"),
-        (trainer.rewards, "for_advantages", "gather rewards"),
+        (trainer.rewards, "for_advantages", "advantage inputs"),
+        (engines, "gather_columns", "gather batch metadata"),
         (advantages, "compute_advantages", "compute_advantages"),
         (trainer.rewards, "metrics", "reward metrics"),
         (trainer, "prune", "prune"),

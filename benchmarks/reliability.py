@@ -64,8 +64,8 @@ def checkpoint_cost(name: str, overrides: list[str], repeats: int) -> None:
     from flowgrpo.training.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
-        t = Trainer(load_config(None, [*TOY, f"run.output_dir={tmp}", "run.keep_checkpoints=1",
-                                       *overrides]))
+        t = Trainer.from_config(load_config(None, [*TOY, f"run.output_dir={tmp}",
+                                                   "run.keep_checkpoints=1", *overrides]))
         writes, checks = [], []
         for step in range(1, repeats + 1):
             start = time.perf_counter()

@@ -12,22 +12,25 @@
     print(run.evals[-1]["eval/reward"], run.last_checkpoint)
 
 :func:`train` runs the same :class:`~flowgrpo.training.trainer.Trainer` as ``flowgrpo train``;
-a reward callable is registered under its ``module:qualified name`` (see
-:meth:`flowgrpo.registry.Registry.add`), which is what the run's ``config.yaml`` records.
+reward callables go straight to it, and the run's ``config.yaml`` records each under its
+``module:qualified name`` (:func:`flowgrpo.registry.python_name`), so a run whose rewards can be
+imported by that name also resumes from the command line.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from flowgrpo.config.io import from_dict, load_config, merge_sections, to_dict
+from flowgrpo.config.io import from_dict, load_config, merge_sections, read_config, to_dict
 from flowgrpo.config.schema import Config
 from flowgrpo.errors import ConfigError
+from flowgrpo.registry import python_name
 
 __all__ = ["Run", "load_config", "train"]
 
@@ -58,34 +61,52 @@ def train(config: Config | str | Path | None = None, *,
         config = from_dict(merge_sections(to_dict(config), sections)) if sections else config
     else:
         config = load_config(config, **sections)
+    given = None
     if reward_funcs is not None:
+        given = named_rewards(reward_funcs)
         config = with_reward(config, reward_funcs)
-    trainer = Trainer(config, resume=resume, overwrite=overwrite)
+    trainer = Trainer.from_config(config, resume=resume, overwrite=overwrite,
+                                  reward_funcs=given)
     trainer.train()
     return Run(trainer.run_dir)
 
 
-def with_reward(config: Config, reward: RewardArg) -> Config:
-    """A copy of ``config`` whose reward is ``reward`` (see :func:`train`), each callable
-    registered in the reward registry."""
-    import reward_models
+def named_rewards(reward: RewardArg) -> dict[str, Callable[..., Any]]:
+    """Each reward callable of ``reward`` (see :func:`train`) by the name a config records for
+    it (:func:`flowgrpo.registry.python_name`)."""
+    return {python_name(fn): fn for fn, _ in _reward_items(reward)}
 
+
+def with_reward(config: Config, reward: RewardArg) -> Config:
+    """A copy of ``config`` whose reward is ``reward`` (see :func:`train`), each callable named
+    by :func:`flowgrpo.registry.python_name`; the reward registry is left as it is, so the
+    callables reach the run through :func:`named_rewards`."""
+    specs = [{"name": python_name(fn), "weight": weight, "params": {}}
+             for fn, weight in _reward_items(reward)]
+    if len(specs) == 1 and specs[0]["weight"] == 1.0:
+        section = dataclasses.replace(config.reward, name=specs[0]["name"], params={},
+                                      components=[])
+    else:
+        section = dataclasses.replace(config.reward, components=specs, params={})
+    return dataclasses.replace(config, reward=section)
+
+
+def _reward_items(reward: RewardArg) -> list[tuple[Callable[..., Any], float]]:
+    """``(callable, weight)`` of each reward of ``reward`` (see :func:`train`)."""
     items = [reward] if callable(reward) else list(reward)
     if not items:
         raise ConfigError("reward: an empty list; pass a callable or a list of them")
-    specs = []
+    out = []
     for item in items:
         fn, weight = item if isinstance(item, tuple) else (item, 1.0)
         if not callable(fn):
             raise ConfigError(f"reward: expected a callable or (callable, weight), got {item!r}")
-        specs.append({"name": reward_models.REWARDS.add(fn), "weight": float(weight),
-                      "params": {}})
-    data = to_dict(config)
-    if len(specs) == 1 and specs[0]["weight"] == 1.0:
-        data["reward"].update(name=specs[0]["name"], params={}, components=[])
-    else:
-        data["reward"].update(components=specs, params={})
-    return from_dict(data)
+        weight = float(weight)
+        if not math.isfinite(weight):
+            raise ConfigError(f"reward: the weight of {python_name(fn)} is {weight}; it must be "
+                              "a finite number")
+        out.append((fn, weight))
+    return out
 
 
 @dataclasses.dataclass
@@ -146,4 +167,7 @@ class Run:
         fine-tuned weights); ``.pipeline`` is the diffusers pipeline."""
         from flowgrpo.cli.inference import load_trained
 
-        return load_trained(load_config(self.path / "config.yaml"), str(self.path), device)
+        # the model needs no reward, and the callables a Python run was given need not import
+        data = read_config(self.path / "config.yaml")
+        data.pop("reward", None)
+        return load_trained(from_dict(data), str(self.path), device)

@@ -17,7 +17,10 @@ written under one engine and world size resumes under any other:
 - :func:`set_deepspeed_micro_batch` gives DeepSpeed the per-process batch size that
   ``accelerator.prepare`` cannot infer without a dataloader;
 - :func:`describe` is a one-line description of the engine, the world size and the device,
-  which says when the engine the launcher asked for is not the one that runs.
+  which says when the engine the launcher asked for is not the one that runs;
+- :func:`any_process`, :func:`total`, :func:`reduce` and :func:`gather_columns` are the
+  training loop's collectives: a flag, sums and means of scalars, and the rows of an epoch's
+  batch metadata from every process in one call.
 
 DeepSpeed ZeRO-2 leaves parameters whole (it shards gradients and optimizer state inside its own
 optimizer), so the parameter helpers are no-ops there.
@@ -212,3 +215,51 @@ def unwrap(module: torch.nn.Module) -> torch.nn.Module:
     while hasattr(module, "module"):
         module = module.module
     return getattr(module, "_orig_mod", module)
+
+
+# ----------------------------------------------------------------- the training loop's collectives
+def any_process(acc: Any, flag: bool) -> bool:
+    """Whether ``flag`` holds on any process (``acc``: the accelerate ``Accelerator``)."""
+    if acc.num_processes == 1:
+        return flag
+    value = torch.tensor([float(flag)], device=acc.device)
+    return bool(acc.reduce(value, reduction="sum")[0] > 0)
+
+
+def total(acc: Any, values: dict) -> dict:
+    """Sum of each value over processes."""
+    if acc.num_processes == 1 or not values:
+        return values
+    keys = sorted(values)
+    summed = acc.reduce(torch.tensor([float(values[k]) for k in keys], device=acc.device),
+                        reduction="sum")
+    return dict(zip(keys, summed.tolist()))
+
+
+def reduce(acc: Any, metrics: dict) -> dict:
+    """Mean of each metric over processes."""
+    if acc.num_processes == 1 or not metrics:
+        return metrics
+    keys = sorted(metrics)
+    values = torch.tensor([metrics[k] for k in keys], device=acc.device)
+    values = acc.reduce(values, reduction="mean")
+    return dict(zip(keys, values.tolist()))
+
+
+def gather_columns(acc: Any, columns: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every process's rows of each column, in global (process) order, on ``acc.device``, with
+    one collective.
+
+    Each column is a ``[B, ...]`` tensor with the same ``B`` on every process. The columns
+    travel packed in one float64 ``[B, k]`` tensor, which holds bools, integers up to 2**53 and
+    floats up to float64 exactly, and come back in their own dtypes and shapes."""
+    if acc.num_processes == 1:
+        return {k: v.to(acc.device) for k, v in columns.items()}
+    flat = [v.reshape(len(v), -1) for v in columns.values()]
+    everyone = acc.gather(torch.cat([f.to(acc.device, torch.float64) for f in flat], 1))
+    out, start = {}, 0
+    for (key, value), part in zip(columns.items(), flat):
+        width = part.shape[1]
+        out[key] = everyone[:, start:start + width].reshape(-1, *value.shape[1:]).to(value.dtype)
+        start += width
+    return out

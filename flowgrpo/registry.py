@@ -50,6 +50,17 @@ def short_name(name: str) -> str:
     return name.rpartition(":")[2].partition("@")[0].rpartition(".")[2]
 
 
+def python_name(obj: Any) -> str:
+    """The name of an object given from Python code: ``<module>:<qualified name>``, a reference
+    that imports it again, or, for a lambda or a local function (not importable by name), that
+    name with ``@<id>`` appended."""
+    qualname = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    name = f"{getattr(obj, '__module__', None) or 'python'}:{qualname}"
+    if "<" in qualname:
+        name = f"{name}@{id(obj):x}"
+    return name
+
+
 def origin_of(obj: Any) -> str:
     """``built-in`` for objects defined in flowgrpo's packages, else ``python (<module>)``."""
     module = getattr(obj, "__module__", None) or ""
@@ -166,10 +177,7 @@ class Registry(Generic[T]):
         ``name``, else ``<module>:<qualified name>``. Adding again under the same name replaces
         an earlier :meth:`add` (a redefined function in a notebook), never a built-in."""
         if name is None:
-            qualname = getattr(obj, "__qualname__", None) or type(obj).__qualname__
-            name = f"{getattr(obj, '__module__', None) or 'python'}:{qualname}"
-            if "<" in qualname:  # a lambda or a local function: not importable by name
-                name = f"{name}@{id(obj):x}"
+            name = python_name(obj)
         if self._origins.get(name) == BUILTIN:
             raise ValueError(f"{self.kind} {name!r} is built in and cannot be replaced")
         self._store(name, obj, origin_of(obj))

@@ -24,7 +24,7 @@ def main(model_dir: str, out: str) -> None:
         "run": {"epochs": 2, "eval_every": 1, "save_every": 2, "output_dir": out,
                 "progress": False, "tensorboard": False},
     })
-    t = Trainer(cfg)
+    t = Trainer.from_config(cfg)
     row = t.train()
     weights = torch.cat([p.detach().flatten() for p in t.params])
     with open(f"{out}/rank{t.rank}.json", "w") as f:

@@ -21,7 +21,7 @@ def main(out: str, batch: int, epochs: int = 2, resume: bool = False) -> None:
                              "train.group_size=4", f"run.epochs={epochs}", "run.eval_every=0",
                              "run.save_every=0", "run.tensorboard=false", "run.progress=false",
                              "data.eval_images_per_prompt=1", "sampler.num_steps=6"])
-    t = Trainer(cfg, resume="auto" if resume else None)
+    t = Trainer.from_config(cfg, resume="auto" if resume else None)
     record: dict[str, torch.Tensor] = {}
     sample, advantages = t.sample, t.advantages
 

@@ -28,7 +28,7 @@ TOY = ["train.batch_size=16", "train.group_size=4", "run.tensorboard=false",
 
 
 def toy_trainer(tmp_path, *overrides: str) -> Trainer:
-    return Trainer(load_config(None, [f"run.output_dir={tmp_path}", *TOY, *overrides]))
+    return Trainer.from_config(load_config(None, [f"run.output_dir={tmp_path}", *TOY, *overrides]))
 
 
 def lora(t: Trainer) -> dict[str, torch.Tensor]:
@@ -106,7 +106,7 @@ def contract_cases() -> list[tuple[str, str, str, int]]:
 def assert_ratio_one(t: Trainer) -> dict:
     """Run the objective on every unit of one rollout batch before any update; every ratio is 1."""
     batch = t.sample(0)
-    t.views.extend(t, batch, 0)
+    t.views.extend(t.session, t.rewards.score, batch, 0)
     adv, metrics = t.advantages(batch)
     from flowgrpo.training.trainer import canonical_advantages
 
@@ -142,7 +142,7 @@ def test_ratio_is_one_before_the_first_update_on_tiny_sd3_with_cfg(
     cfg = make_config(tiny_sd3_dir, tmp_path, brightness_reward, model={"guidance": 3.0},
                       train={"objective": objective, "step_selection": selection,
                              "credit": credit, "views": views, "beta": 0.1})
-    assert_ratio_one(Trainer(cfg))
+    assert_ratio_one(Trainer.from_config(cfg))
 
 
 def test_cfg_free_training_replays_unguided_with_ratio_one(tiny_sd3_dir, tmp_path,
@@ -150,8 +150,10 @@ def test_cfg_free_training_replays_unguided_with_ratio_one(tiny_sd3_dir, tmp_pat
     """CFG-free training: rollouts with CFG 3, replays at guidance 1. The old log-probs are the
     unguided policy's (recomputed), not the sampling ones, so the ratio is 1 before the update;
     the replay really is unguided (its log-probs differ from the guided sampling ones)."""
-    t = Trainer(make_config(tiny_sd3_dir, tmp_path, brightness_reward, model={"guidance": 3.0},
-                            train={"objective_params": {"guidance": 1.0}, "beta": 0.1}))
+    t = Trainer.from_config(make_config(tiny_sd3_dir, tmp_path, brightness_reward,
+                                        model={"guidance": 3.0},
+                                        train={"objective_params": {"guidance": 1.0},
+                                               "beta": 0.1}))
     assert t.objective.guidance == 1.0 and t.cfg.model.guidance == 3.0
     assert_ratio_one(t)
     from flowgrpo.training.trainer import canonical_advantages
@@ -169,9 +171,9 @@ def test_cfg_free_training_replays_unguided_with_ratio_one(tiny_sd3_dir, tmp_pat
 
 def test_model_calls_are_counted_per_sample_with_cfg_twice(tiny_sd3_dir, tmp_path,
                                                           brightness_reward):
-    t = Trainer(make_config(tiny_sd3_dir, tmp_path, brightness_reward,
-                            model={"guidance": 3.0}, train={"beta": 0.1},
-                            run={"epochs": 1, "eval_every": 1}))
+    t = Trainer.from_config(make_config(tiny_sd3_dir, tmp_path, brightness_reward,
+                                        model={"guidance": 3.0}, train={"beta": 0.1},
+                                        run={"epochs": 1, "eval_every": 1}))
     row = t.train()
     # 8 samples, 4 steps, CFG doubles every call: rollout 8*4*2; reference and training
     # replay the 3 trained steps (the last is never trained)
@@ -183,8 +185,8 @@ def test_model_calls_are_counted_per_sample_with_cfg_twice(tiny_sd3_dir, tmp_pat
 def test_zero_advantages_with_a_kl_term_still_train_toward_the_reference(
         tiny_sd3_dir, tmp_path, brightness_reward):
     """With beta > 0, skipping a zero-advantage sample would drop its KL gradient: it is kept."""
-    t = Trainer(make_config(tiny_sd3_dir, tmp_path, brightness_reward,
-                            train={"beta": 1.0, "lr": 1e-2, "weight_decay": 0.0}))
+    t = Trainer.from_config(make_config(tiny_sd3_dir, tmp_path, brightness_reward,
+                                        train={"beta": 1.0, "lr": 1e-2, "weight_decay": 0.0}))
     with torch.no_grad():  # move the policy away from the reference first
         for name, p in t.adapter.transformer.named_parameters():
             if "lora_B" in name:
@@ -202,7 +204,7 @@ def test_solve_equals_a_deterministic_rollout(tmp_path):
     t = toy_trainer(tmp_path)
     sigmas = t.adapter.schedule(10)
     noise = t.adapter.noise(4, torch.Generator().manual_seed(0))
-    cond = t.encode(["a handwritten digit 3"] * 4)
+    cond = t.session.encode(["a handwritten digit 3"] * 4)
     none = torch.zeros(4, 0, dtype=torch.long)
     traj = rollout(t.adapter, RolloutSpec(t.sampler), cond, noise, sigmas, none)
     euler = solve(t.adapter, noise, sigmas, cond, 1.0)
@@ -260,7 +262,7 @@ def _stacked_update(out, per: int, views: int):
                     "train.beta=0.01", f"train.views={views}")
     assert_ratio_one(t)
     batch = t.sample(0)
-    t.views.extend(t, batch, 0)
+    t.views.extend(t.session, t.rewards.score, batch, 0)
     units = t.objective.units(batch)
     calls, grads = [], []
     hook = t.adapter.transformer.register_forward_pre_hook(

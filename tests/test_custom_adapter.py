@@ -97,7 +97,7 @@ def test_custom_adapter_trains_with_the_unchanged_trainer(tmp_path):
     from flowgrpo.run.tracking import read_metrics
     from flowgrpo.training.trainer import Trainer
 
-    Trainer(config(tmp_path, "bright_test")).train()
+    Trainer.from_config(config(tmp_path, "bright_test")).train()
     rows = read_metrics(tmp_path)
     base, last = rows[0]["eval/reward"], rows[-1]["eval/reward"]
     assert last > base + 0.05, (base, last)
@@ -106,7 +106,7 @@ def test_custom_adapter_trains_with_the_unchanged_trainer(tmp_path):
 def test_region_reward_moves_log_prob_only_in_its_region(tmp_path):
     from flowgrpo.training.trainer import Trainer
 
-    t = Trainer(config(tmp_path, "quadrant_test", max_grad_norm=0.0))
+    t = Trainer.from_config(config(tmp_path, "quadrant_test", max_grad_norm=0.0))
     batch = t.sample(0)
     adv, _ = t.advantages(batch)
     assert adv.shape == (32, 1, 1, 16)  # one advantage per region cell
@@ -183,15 +183,15 @@ def test_an_image_conditioned_family_encodes_each_prompt_with_its_own_source(tmp
         cfg = config(tmp_path / "run", "bright_test")
         cfg.data.prompts, cfg.model.family = str(rows), "source_image_test"
         cfg.train.batch_size, cfg.train.group_size = 4, 2
-        t = Trainer(cfg)
+        t = Trainer.from_config(cfg)
         SourceImageAdapter.reads.clear()
-        cond = t.encode(["make it red"] * 4, [items[0][1], items[1][1]] * 2)
+        cond = t.session.encode(["make it red"] * 4, [items[0][1], items[1][1]] * 2)
         assert cond.tensors["shift"].flatten().tolist() == [0.0, 1.0, 0.0, 1.0]
         assert len(SourceImageAdapter.reads) == 2  # one encoding per distinct (prompt, image)
-        t.encode(["make it red"] * 2, [items[1][1], items[0][1]])
+        t.session.encode(["make it red"] * 2, [items[1][1], items[0][1]])
         assert len(SourceImageAdapter.reads) == 2  # cached across calls
         SourceImageAdapter.reads.clear()
-        t._cond_cache.clear()
+        t.session._cond_cache.clear()
         t.evaluator.run(0)
         assert set(SourceImageAdapter.reads) == {m["image"] for _, m in items}
     finally:

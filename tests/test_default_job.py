@@ -14,7 +14,7 @@ def test_toy_ratio_is_one_before_the_first_update(tmp_path):
 
     cfg = load_config(None, [f"run.output_dir={tmp_path}", "train.batch_size=16",
                              "run.tensorboard=false"])
-    t = Trainer(cfg)
+    t = Trainer.from_config(cfg)
     batch = t.sample(0)
     idx = torch.arange(16)
     assert batch.traj.num_trained == cfg.sampler.num_steps - 1

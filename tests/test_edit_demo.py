@@ -44,7 +44,7 @@ def test_each_region_cell_reaches_only_its_own_output_tokens(tmp_path):
     cfg = load_config(CONFIG, [f"run.output_dir={tmp_path}", "train.batch_size=8",
                                "train.group_size=4", "run.progress=false",
                                "run.tensorboard=false", "sampler.num_steps=3"])
-    t = Trainer(cfg)
+    t = Trainer.from_config(cfg)
     batch = t.sample(0)
     assert batch.reward.regions.shape == (8, 2, 4)
     adv, _ = t.advantages(batch)

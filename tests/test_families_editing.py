@@ -443,7 +443,7 @@ def test_region_reward_lands_on_generated_tokens(family, tmp_path):
     from flowgrpo.training.trainer import Trainer
 
     folder, rows = edit_setup(family, tmp_path)
-    t = Trainer(from_dict({
+    t = Trainer.from_config(from_dict({
         "model": {"family": family, "path": str(folder), "options": SETUP[family][1],
                   "guidance": 1.0, "lora_rank": 4, "lora_alpha": 4},
         "reward": {"name": "corner_edit_test"},

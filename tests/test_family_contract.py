@@ -58,10 +58,9 @@ def check_family_contract(family: str, folder, options: dict, tmp_path,
             "run": {"epochs": 1, "output_dir": str(tmp_path), "progress": False,
                     "tensorboard": False},
         })
-        t = Trainer(cfg)
         idx = torch.arange(4)
         for name, params in SAMPLERS:
-            t.use_sampler(samplers.get(name, **params))
+            t = Trainer.from_config(cfg, sampler=samplers.get(name, **params))
             batch = t.sample(0)
             media = t.adapter.decode(batch.traj.final)
             assert media.dim() == {"image": 4, "video": 5, "audio": 3}[t.adapter.modality]

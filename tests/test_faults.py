@@ -103,8 +103,9 @@ def test_a_retry_that_succeeds_and_a_skipped_chunk(faulty):
 
 def test_skipped_groups_are_not_trained(faulty, tmp_path):
     faulty["mode"], faulty["fail_calls"] = "raise", {1}  # the first chunk of epoch 0
-    t = Trainer(config(tmp_path, "reward.name=faulty_test", "run.on_reward_error=skip_group",
-                       "train.sample_batch_size=4", "run.epochs=1", "train.beta=0.01"))
+    t = Trainer.from_config(config(tmp_path, "reward.name=faulty_test",
+                                   "run.on_reward_error=skip_group", "train.sample_batch_size=4",
+                                   "run.epochs=1", "train.beta=0.01"))
     batch = t.sample(0)
     assert batch.valid.tolist() == [False] * 4 + [True] * 4
     adv, metrics = t.advantages(batch)
@@ -116,7 +117,8 @@ def test_skipped_groups_are_not_trained(faulty, tmp_path):
 
 def test_a_reward_stop_checkpoints_the_epochs_done_and_resumes_exactly(faulty, tmp_path):
     clean = tmp_path / "clean"
-    t = Trainer(config(clean, "reward.name=faulty_test", "run.epochs=3", "run.save_every=0"))
+    t = Trainer.from_config(config(clean, "reward.name=faulty_test", "run.epochs=3",
+                                   "run.save_every=0"))
     t.train()
     final, rows = weights(t), read_metrics(clean)
     run = tmp_path / "run"
@@ -126,9 +128,9 @@ def test_a_reward_stop_checkpoints_the_epochs_done_and_resumes_exactly(faulty, t
     with pytest.raises(RunError, match=r"^reward faulty_test raised RuntimeError: scorer "
                        r"crashed \(run.on_reward_error: stop\); stopped at step 2 \(checkpoint "
                        r"step_2 holds the 2 epochs done"):
-        Trainer(cfg).train()
+        Trainer.from_config(cfg).train()
     faulty["fail_calls"] = {-1}
-    resumed = Trainer(cfg, resume="auto")
+    resumed = Trainer.from_config(cfg, resume="auto")
     assert resumed.start_epoch == 2
     resumed.train()
     assert all(torch.equal(a, b) for a, b in zip(weights(resumed), final))
@@ -136,8 +138,8 @@ def test_a_reward_stop_checkpoints_the_epochs_done_and_resumes_exactly(faulty, t
 
 
 def test_nonfinite_gradients_are_skipped_counted_and_stop_after_k(tmp_path, monkeypatch):
-    t = Trainer(config(tmp_path, "run.epochs=1", "run.max_nonfinite_steps=2",
-                       "train.train_batch_size=4"))
+    t = Trainer.from_config(config(tmp_path, "run.epochs=1", "run.max_nonfinite_steps=2",
+                                   "train.train_batch_size=4"))
     loss = t.objective.loss
 
     def poisoned(batch, state, idx, unit):

@@ -127,7 +127,7 @@ def test_nft_old_policy_lags_by_its_ema_and_survives_a_resume(tmp_path):
     # eta = 0 after the first iteration (old = theta), 0.25 after the second: old != theta now
     current = [p.detach() for p in t.params]
     assert any(not torch.equal(old[f"old.{i}"], p) for i, p in enumerate(current))
-    resumed = Trainer(t.cfg, resume="auto")
+    resumed = Trainer.from_config(t.cfg, resume="auto")
     assert resumed.start_epoch == 2
     again = resumed.objective.state_dict()
     assert all(torch.equal(old[k], again[k]) for k in old)

@@ -110,7 +110,7 @@ def test_a_view_identical_to_the_prompt_gives_plain_grpo_loss_and_gradient(tmp_p
     plain = toy_trainer(tmp_path / "plain")
     multi = toy_trainer(tmp_path / "multi", "train.views=1", *identity)
     batch_plain, batch_multi = plain.sample(0), multi.sample(0)
-    multi.views.extend(multi, batch_multi, 0)
+    multi.views.extend(multi.session, multi.rewards.score, batch_multi, 0)
     assert len(batch_multi.views) == 2
     torch.testing.assert_close(batch_multi.view_rewards[1].scores, batch_plain.reward.scores)
     adv_plain, _ = plain.advantages(batch_plain)
@@ -129,7 +129,7 @@ def test_views_rescore_the_same_samples_under_other_captions(tmp_path):
     t = toy_trainer(tmp_path, "train.views=2", *captions)
     batch = t.sample(0)
     final = batch.traj.final.clone()
-    t.views.extend(t, batch, 0)
+    t.views.extend(t.session, t.rewards.score, batch, 0)
     assert torch.equal(batch.traj.final, final)  # nothing regenerated
     assert len(batch.views) == len(batch.view_rewards) == 3
     first = batch.prompts[0]

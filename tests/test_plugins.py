@@ -328,12 +328,12 @@ def test_python_api_builds_configs_from_keywords():
 
 
 def test_python_api_reward_callables_become_the_config_reward(reward_file):
-    from flowgrpo.api import with_reward
+    from flowgrpo.api import named_rewards, with_reward
 
     sharpness = _import(reward_file, "api_rewards").sharpness
     config = with_reward(load_config(), sharpness)
     assert config.reward.name == "api_rewards:sharpness" and config.reward.params == {}
-    assert REWARDS.origin("api_rewards:sharpness") == "python (api_rewards)"
+    assert "api_rewards:sharpness" not in REWARDS  # handed to the run, not registered
 
     def darkness(media, prompts, metadata):
         return 1 - media.data.mean(dim=(1, 2, 3))
@@ -347,7 +347,8 @@ def test_python_api_reward_callables_become_the_config_reward(reward_file):
     class Image:
         modality, sample_rate = "image", None
 
-    runner = RewardRunner(mixed.reward, Image())
+    runner = RewardRunner(mixed.reward, Image(),
+                          given=named_rewards([sharpness, (darkness, 0.5)]))
     out = runner.reward(Media("image", torch.rand(2, 3, 8, 8)), ["a", "b"], [{}, {}])
     assert set(out.components) == {"sharpness", "darkness"}  # metric keys: the short names
 

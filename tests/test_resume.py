@@ -40,7 +40,7 @@ def stable(rows: list[dict]) -> list[dict]:
 def finished(tmp_path_factory):
     """An uninterrupted 3-epoch run: its weights and metrics rows."""
     run = tmp_path_factory.mktemp("finished")
-    t = Trainer(config(run, "run.epochs=3"))
+    t = Trainer.from_config(config(run, "run.epochs=3"))
     t.train()
     return run, weights(t), read_metrics(run)
 
@@ -49,12 +49,12 @@ def test_a_fresh_run_refuses_a_folder_holding_one(finished, tmp_path):
     run, _, rows = finished
     before = (run / "metrics.jsonl").read_text()
     with pytest.raises(RunError, match="already holds a run.*--resume auto.*--overwrite"):
-        Trainer(config(run, "run.epochs=3"))
+        Trainer.from_config(config(run, "run.epochs=3"))
     assert (run / "metrics.jsonl").read_text() == before  # nothing touched
     # --overwrite starts afresh: the earlier run's files are gone, one series of rows
     copy = tmp_path / "copy"
-    Trainer(config(copy, "run.epochs=1")).train()
-    Trainer(config(copy, "run.epochs=1"), overwrite=True).train()
+    Trainer.from_config(config(copy, "run.epochs=1")).train()
+    Trainer.from_config(config(copy, "run.epochs=1"), overwrite=True).train()
     assert [r["step"] for r in read_metrics(copy)] == [0, 1]
 
 
@@ -67,7 +67,7 @@ def test_resume_cuts_rows_after_the_checkpoint_and_is_exact(finished, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     shutil.rmtree(copy / "checkpoints" / "step_3")
-    t = Trainer(config(copy, "run.epochs=3"), resume="auto")
+    t = Trainer.from_config(config(copy, "run.epochs=3"), resume="auto")
     assert t.start_epoch == 2
     assert [r["step"] for r in read_metrics(copy)] == [0, 1, 2]  # row 3 was cut
     t.train()
@@ -80,7 +80,7 @@ def test_resume_cuts_rows_after_the_checkpoint_and_is_exact(finished, tmp_path):
 def test_resume_auto_without_a_checkpoint_says_so(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n')
     with pytest.raises(RunError, match="no intact checkpoint yet"):
-        Trainer(config(tmp_path), resume="auto")
+        Trainer.from_config(config(tmp_path), resume="auto")
 
 
 def test_the_saved_config_is_the_base_of_a_resume(finished, tmp_path, capsys):
@@ -90,9 +90,9 @@ def test_the_saved_config_is_the_base_of_a_resume(finished, tmp_path, capsys):
     shutil.copytree(finished[0], run)
     kept = (run / "config.yaml").read_text()
     with pytest.raises(RunError, match=r"model.lora_rank is 16 in the checkpoint and 4 now"):
-        Trainer(config(run, "run.epochs=3", "model.lora_rank=4"), resume="auto")
+        Trainer.from_config(config(run, "run.epochs=3", "model.lora_rank=4"), resume="auto")
     with pytest.raises(RunError, match=r"train.batch_size x processes is 8 .* and 16 now"):
-        Trainer(config(run, "run.epochs=3", "train.batch_size=16"), resume="auto")
+        Trainer.from_config(config(run, "run.epochs=3", "train.batch_size=16"), resume="auto")
     assert (run / "config.yaml").read_text() == kept  # a failed resume changes nothing
     # without a config file the CLI resumes from the checkpoint's config plus the overrides
     code = main(["train", "--resume", str(run), "--set", "run.epochs=4"])
@@ -176,12 +176,12 @@ def test_a_damaged_checkpoint_is_named_and_auto_falls_back(tmp_path):
 
 def test_leftover_temporary_folders_are_removed_at_start(tmp_path):
     ckpt.begin(tmp_path, 7)
-    Trainer(config(tmp_path, "run.epochs=1"))
+    Trainer.from_config(config(tmp_path, "run.epochs=1"))
     assert not list((tmp_path / "checkpoints").glob(".tmp_step_*"))
 
 
 def test_a_full_disk_is_one_line_and_keeps_earlier_checkpoints(tmp_path, monkeypatch):
-    t = Trainer(config(tmp_path, "run.epochs=2", "run.save_every=1"))
+    t = Trainer.from_config(config(tmp_path, "run.epochs=2", "run.save_every=1"))
     t.save(1)
     before = ckpt.verify(tmp_path / "checkpoints" / "step_1")
     assert before is None
@@ -199,7 +199,7 @@ def test_a_full_disk_is_one_line_and_keeps_earlier_checkpoints(tmp_path, monkeyp
 
 
 def test_a_crash_inside_a_checkpoint_write_resumes_from_the_previous_one(tmp_path, monkeypatch):
-    t = Trainer(config(tmp_path, "run.epochs=3"))
+    t = Trainer.from_config(config(tmp_path, "run.epochs=3"))
     write_manifest = ckpt.write_manifest
 
     def crash(folder):
@@ -212,6 +212,6 @@ def test_a_crash_inside_a_checkpoint_write_resumes_from_the_previous_one(tmp_pat
         with pytest.raises(KeyboardInterrupt):
             t.train()
     assert (tmp_path / "checkpoints" / ".tmp_step_2").is_dir()
-    resumed = Trainer(config(tmp_path, "run.epochs=3"), resume="auto")
+    resumed = Trainer.from_config(config(tmp_path, "run.epochs=3"), resume="auto")
     assert resumed.start_epoch == 1
     assert not (tmp_path / "checkpoints" / ".tmp_step_2").exists()

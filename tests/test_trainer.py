@@ -27,7 +27,7 @@ def make_config(path, out, reward_name, **sections):
 def trainer_for(path, out, reward_name, **sections):
     from flowgrpo.training.trainer import Trainer
 
-    return Trainer(make_config(path, out, reward_name, **sections))
+    return Trainer.from_config(make_config(path, out, reward_name, **sections))
 
 
 def snapshot(trainer):
@@ -135,7 +135,7 @@ def test_resume_auto_continues_from_checkpoint(tiny_sd3_dir, tmp_path, brightnes
     first.train()
     saved = [p.detach().clone() for p in first.params]
     cfg = make_config(tiny_sd3_dir, tmp_path, brightness_reward, run={"epochs": 3})
-    second = Trainer(cfg, resume="auto")
+    second = Trainer.from_config(cfg, resume="auto")
     assert second.start_epoch == 2
     for a, b in zip(saved, second.params):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
@@ -190,7 +190,7 @@ def test_reference_switches_the_lora_off_exactly_as_diffusers_does(tiny_sd3_dir,
     model = unwrap(t.adapter.transformer)
     for p in t.params:  # a LoRA that changes the output
         p.data.add_(0.05 * torch.randn_like(p))
-    cond = t.encode(["a red square", "a blue circle"])
+    cond = t.session.encode(["a red square", "a blue circle"])
     x = t.adapter.noise(2, torch.Generator().manual_seed(0))
     sigma = torch.full((2,), 0.6)
     with torch.no_grad():
@@ -240,7 +240,7 @@ def test_compiled_transformer_trains_like_the_eager_one(tiny_sd3_dir, tmp_path, 
 
 def test_optimizer_kernel_is_fused_on_cuda_by_default_and_selectable(tiny_sd3_dir, tmp_path,
                                                                      brightness_reward):
-    from flowgrpo.training.trainer import optimizer_kernel
+    from flowgrpo.training.components import optimizer_kernel
 
     assert optimizer_kernel("auto", torch.device("cpu")) == {}
     assert optimizer_kernel("auto", torch.device("cuda", 0)) == {"fused": True}

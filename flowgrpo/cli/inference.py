@@ -17,6 +17,7 @@ from flowgrpo import console
 from flowgrpo.config.io import load_config
 from flowgrpo.config.schema import Config
 from flowgrpo.data.prompts import load_prompts
+from flowgrpo.rl.session import ModelSession
 from flowgrpo.seeding import stream_seed
 from flowgrpo.training.evaluation import Evaluator, generate
 from flowgrpo.training.model_setup import load_adapter
@@ -95,4 +96,6 @@ def evaluate(cfg: Config | None, run: str | None) -> dict:
     adapter = load_trained(cfg, run, acc.device)
     rewards = RewardRunner(cfg.reward, adapter)
     prompts = load_prompts(cfg.data.eval_prompts or cfg.data.prompts)
-    return Evaluator(cfg, adapter, rewards, prompts, adapter.encode_inputs, acc).run(0)
+    # full precision and one encoder call per chunk, as the CLI's eval has always run
+    session = ModelSession(adapter, acc.device, guidance=cfg.model.guidance)
+    return Evaluator(cfg, session, rewards, prompts, acc, encode=adapter.encode_inputs).run(0)

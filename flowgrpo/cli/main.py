@@ -45,7 +45,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from flowgrpo.training.trainer import Trainer
 
     config, resume = train_config(args.config, args.overrides, args.resume)
-    Trainer(config, resume=resume, overwrite=args.overwrite).train()
+    Trainer.from_config(config, resume=resume, overwrite=args.overwrite).train()
     return 0
 
 

@@ -29,6 +29,35 @@ def cat_trajectories(trajs: list[Trajectory]) -> Trajectory:
 
 
 @dataclass
+class GlobalView:
+    """An epoch's batch metadata over every process, in global sample order: gathered once per
+    epoch and sliced per process (:meth:`mine`).
+
+    Attributes:
+        groups: ``[N]`` global group ids.
+        valid: ``[N]`` bool, False for the samples of skipped groups.
+        advantages: ``[N, V, J, P]`` advantages.
+        rank, size: this process's index and its number of samples ``B``: its rows are
+            ``rank * B`` to ``(rank + 1) * B``.
+        issued: the advantages this process was handed (its rows of ``advantages``, in the
+            shape they were computed in); an update given other advantages gathers its own view.
+        sample_weights: ``[N]`` importance weights, once pruned.
+    """
+
+    groups: torch.Tensor
+    valid: torch.Tensor
+    advantages: torch.Tensor
+    rank: int
+    size: int
+    issued: torch.Tensor | None = None
+    sample_weights: torch.Tensor | None = None
+
+    def mine(self, values: torch.Tensor) -> torch.Tensor:
+        """This process's rows of a global ``[N, ...]`` tensor."""
+        return values[self.rank * self.size:(self.rank + 1) * self.size]
+
+
+@dataclass
 class RolloutBatch:
     """Everything one process rolled out in an epoch, and what later phases add to it.
 
@@ -51,6 +80,7 @@ class RolloutBatch:
             keyed by, so it does not depend on the number of processes.
         valid: ``[B]`` bool, False for the samples of groups whose reward failed and were
             skipped (``run.on_reward_error`` / ``run.on_nonfinite: skip_group``).
+        everyone: the batch metadata of every process (:class:`GlobalView`), once gathered.
     """
 
     traj: Trajectory
@@ -68,6 +98,7 @@ class RolloutBatch:
     iteration: int = 0
     index: torch.Tensor | None = None
     valid: torch.Tensor | None = None
+    everyone: GlobalView | None = None
 
     def __post_init__(self) -> None:
         self.views = self.views or [self.traj.cond]

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from flowgrpo.registry import Registry
 from flowgrpo.rl.rollout import SOLVERS, solve
+from flowgrpo.rl.session import ModelSession, Score
 
 __all__ = ["turning_points"]
 
@@ -204,11 +205,11 @@ class Credit:
     """Base class: turns a scored rollout batch into the rewards that advantages come from.
 
     Subclasses take their parameters as keyword arguments and implement :meth:`rewards`; they
-    may run extra model and reward calls through ``trainer`` (its ``adapter``, ``rewards``,
-    ``autocast`` and ``cfg``).
+    may run extra model calls through ``session`` (a :class:`~flowgrpo.rl.session.ModelSession`)
+    and extra reward calls through ``score(media, prompts, metadata) -> RewardOutput``.
     """
 
-    def rewards(self, trainer: Any, batch: Any) -> Signal:
+    def rewards(self, session: ModelSession, score: Score, batch: Any) -> Signal:
         raise NotImplementedError
 
 
@@ -218,13 +219,13 @@ class OutcomeCredit(Credit):
     reward. A region reward (``regions`` ``[B, *R]``) gives one reward per region instead, each
     credited to the region's latent positions (SpatialFlow-GRPO)."""
 
-    def rewards(self, trainer, batch):
+    def rewards(self, session, score, batch):
         outs = batch.view_rewards
         if outs[0].regions is not None:
             grid = outs[0].regions.float()
             cells = grid[0].numel()
-            onehot = torch.eye(cells).reshape(cells, *grid.shape[1:]).to(trainer.acc.device)
-            maps = trainer.adapter.position_weights(onehot, batch.traj.latents[:1, 0].float())
+            onehot = torch.eye(cells).reshape(cells, *grid.shape[1:]).to(session.device)
+            maps = session.adapter.position_weights(onehot, batch.traj.latents[:1, 0].float())
             return Signal(grid.reshape(len(grid), 1, 1, cells), None, maps)
         def per_view(values: list[torch.Tensor]) -> torch.Tensor:
             return torch.stack([v.float() for v in values], 1)[:, :, None, None]
@@ -258,15 +259,16 @@ class TurningPointCredit(Credit):
         inspect.signature(turning_points).bind(torch.zeros(1, 2), **rules)
         self.solver, self.rules = solver, rules
 
-    def rewards(self, trainer, batch):
+    def rewards(self, session, score, batch):
         traj = batch.traj
         if traj.num_trained == 0:
             raise ValueError("turning_point credit needs at least one trained step per sample")
         # the full schedule: with a dpm2 tail the trajectory's own grid ends in one long step
-        sigmas = trainer.adapter.schedule(trainer.cfg.sampler.num_steps)
+        sigmas = session.schedule()
         # R_0 completes from before the first trained step, R_j from after the j-th
         starts = torch.cat([traj.trained[:, :1], traj.trained[:, :-1] + 1], 1)
-        step_rewards = [self.completion_rewards(trainer, batch, sigmas, starts[:, j])
+        step_rewards = [self.completion_rewards(session, score, batch, sigmas,
+                                                starts[:, j])
                         for j in range(traj.num_trained)]
         step_rewards.append(batch.reward.scores.float().cpu())
         step_reward, turning = turning_points(torch.stack(step_rewards, 1), **self.rules)
@@ -274,20 +276,19 @@ class TurningPointCredit(Credit):
         return Signal(step_reward[:, None, :, None])
 
     @torch.no_grad()
-    def completion_rewards(self, trainer, batch, sigmas: torch.Tensor,
+    def completion_rewards(self, session: ModelSession, score: Score, batch, sigmas: torch.Tensor,
                            start: torch.Tensor) -> torch.Tensor:
         """``[B]`` rewards of the deterministic completions along ``sigmas`` (the full
         schedule) from latent index ``start [B]``."""
-        traj, cfg = batch.traj, trainer.cfg
+        traj = batch.traj
         final = torch.empty_like(traj.latents[:, -1], dtype=torch.float32)
         for k in sorted(set(start.tolist())):
             rows = (start == k).nonzero().flatten().to(traj.latents.device)
-            final[rows] = solve(trainer.adapter, traj.latents[rows, k].float(), sigmas[k:],
-                                traj.cond.index(rows), cfg.model.guidance, self.solver,
-                                trainer.autocast)
-        with trainer.offloaded(("vae",)):
-            media = trainer.adapter.decode(final)
-        return trainer.rewards.score(media, batch.prompts, batch.metadata).scores.float().cpu()
+            final[rows] = solve(session.adapter, traj.latents[rows, k].float(), sigmas[k:],
+                                traj.cond.index(rows), session.guidance, self.solver,
+                                session.autocast)
+        media = session.decode(final)
+        return score(media, batch.prompts, batch.metadata).scores.float().cpu()
 
 
 def build(name: str, **params: Any) -> Credit:

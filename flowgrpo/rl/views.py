@@ -12,11 +12,10 @@ steps (an old-policy forward and a training forward) per sample.
 
 from __future__ import annotations
 
-from typing import Any
-
 from flowgrpo import seeding
 from flowgrpo.rl import enhancers
 from flowgrpo.rl.batch import RolloutBatch
+from flowgrpo.rl.session import ModelSession, Score
 
 
 class Views:
@@ -41,17 +40,17 @@ class Views:
         table = dict(zip(unique, extra))
         return [prompts] + [[table[p][v] for p in prompts] for v in range(self.num_views)]
 
-    def extend(self, trainer: Any, batch: RolloutBatch, iteration: int) -> None:
-        """Encode and score every extra view of ``batch`` (in place: ``views``,
-        ``view_rewards``)."""
+    def extend(self, session: ModelSession, score: Score, batch: RolloutBatch,
+               iteration: int) -> None:
+        """Encode (``session``) and score (``score``, a synchronous reward call) every extra view
+        of ``batch`` (in place: ``views``, ``view_rewards``)."""
         if not self.num_views:
             return
         captions = self.captions(batch.prompts, iteration)
-        with trainer.offloaded(("vae",)):
-            media = trainer.adapter.decode(batch.traj.final.float())
+        media = session.decode(batch.traj.final.float())
         for prompts in captions[1:]:
-            batch.views.append(trainer.encode(prompts, batch.metadata, cache=False))
-            batch.view_rewards.append(trainer.rewards.score(media, prompts, batch.metadata))
+            batch.views.append(session.encode(prompts, batch.metadata, cache=False))
+            batch.view_rewards.append(score(media, prompts, batch.metadata))
         batch.info["views/reward_spread"] = float(
             sum((o.scores.float() - batch.reward.scores.float()).abs().mean()
                 for o in batch.view_rewards[1:]) / self.num_views)

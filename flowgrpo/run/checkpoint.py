@@ -33,10 +33,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from flowgrpo import distributed as engines
-from flowgrpo.config.io import to_dict
 from flowgrpo.distributed import unwrap
 from flowgrpo.errors import RunError
-from flowgrpo.rl.reference import lora_state_dict
+from flowgrpo.rl.session import ModelSession
 
 MANIFEST = "manifest.json"
 
@@ -193,25 +192,35 @@ def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def save_trainer(trainer: Any, step: int) -> Path | None:
-    """Write checkpoint ``step`` atomically (see :mod:`flowgrpo.run.checkpoint`).
+def save(run_dir: Path, step: int, acc: Any, session: ModelSession,
+         state: Callable[[bool], dict[str, Any]], keep: int) -> Path | None:
+    """Write checkpoint ``step`` of ``run_dir`` atomically.
+
+    Args:
+        acc: the accelerate ``Accelerator``.
+        session: the model session (the LoRA folder or the model's own files are written
+            through it).
+        state: ``state(full_model)``: what the checkpoint holds, built by each owner as whole CPU
+            tensors (see :func:`write`); under FSDP2 building it is a collective of every
+            process, else only the main process builds it.
+        keep: how many checkpoints stay.
 
     A failed write (a full disk) removes the temporary folder, leaves the earlier checkpoints
     as they were and raises :class:`~flowgrpo.errors.RunError` on every process."""
     from accelerate.utils import broadcast_object_list
 
-    acc = trainer.acc
+    run_dir = Path(run_dir)
     acc.wait_for_everyone()
-    tmp = trainer.run_dir / "checkpoints" / f".tmp_step_{step}"
+    tmp = run_dir / "checkpoints" / f".tmp_step_{step}"
     # whole tensors from every engine; under FSDP2 gathering is a collective of every process
-    sharded = engines.any_sharded(unwrap(trainer.adapter.transformer))
-    payload = gather(trainer, sharded) if sharded or acc.is_main_process else None
+    sharded = engines.any_sharded(unwrap(session.adapter.transformer))
+    payload = state(sharded) if sharded or acc.is_main_process else None
     if acc.is_main_process:
-        begin(trainer.run_dir, step)
+        begin(run_dir, step)
     acc.wait_for_everyone()
     failure = None
     try:
-        save_rng(tmp, trainer.rank)
+        save_rng(tmp, acc.process_index)
     except OSError as err:
         failure = err
     acc.wait_for_everyone()
@@ -219,7 +228,7 @@ def save_trainer(trainer: Any, step: int) -> Path | None:
     if acc.is_main_process:
         try:
             if failure is None:
-                final = _write(trainer, tmp, step, payload)
+                final = write(tmp, session, payload, keep)
         except OSError as err:
             failure = err
         if failure is not None:
@@ -227,7 +236,7 @@ def save_trainer(trainer: Any, step: int) -> Path | None:
     failure = broadcast_object_list([None if failure is None else _describe(failure)])[0]
     if failure is not None:
         raise RunError(f"checkpoint step_{step} was not written: {failure}; the earlier "
-                       f"checkpoints in {trainer.run_dir / 'checkpoints'} are intact")
+                       f"checkpoints in {run_dir / 'checkpoints'} are intact")
     return final
 
 
@@ -237,38 +246,26 @@ def _describe(err: OSError) -> str:
     return err.strerror or str(err)
 
 
-def gather(trainer: Any, sharded: bool) -> dict[str, Any]:
-    """Whole CPU tensors of everything a checkpoint holds: the trainable weights (by parameter
-    name), the LoRA in diffusers' layout, the full model under full fine-tuning when sharded,
-    the EMA, the objective's snapshots and the optimizer state."""
-    model = unwrap(trainer.adapter.transformer)
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    return {
-        "trainable": dict(zip(names, (engines.full_tensor(p) for p in trainer.params))),
-        "lora": (engines.full_tensors(lora_state_dict(trainer.adapter))
-                 if trainer.cfg.model.lora else None),
-        "model": (engines.full_state_dict(model)
-                  if sharded and not trainer.cfg.model.lora else None),
-        "ema": None if trainer.ema is None else engines.full_tensors(trainer.ema.state_dict()),
-        "objective": engines.full_tensors(trainer.objective.state_dict()),
-        "optimizer": engines.full_optimizer_state(trainer.optimizer.state_dict()),
-    }
+def write(tmp: Path, session: ModelSession, payload: dict[str, Any], keep: int) -> Path:
+    """Write ``payload`` into ``tmp`` and publish it (:func:`commit`).
 
-
-def _write(trainer: Any, tmp: Path, step: int, payload: dict[str, Any]) -> Path:
-    model = unwrap(trainer.adapter.transformer)
-    if payload["lora"] is not None:
+    ``payload`` holds ``weights`` (:meth:`ModelSession.state_dict`), ``ema`` (or None),
+    ``objective`` (its snapshots, maybe empty), ``optimizer`` (a torch optimizer state dict) and
+    ``state``, the JSON part (the step, the world size, the owners' counters, the config)."""
+    weights = payload["weights"]
+    model = unwrap(session.adapter.transformer)
+    if weights["lora"] is not None:
         meta = model.peft_config["default"].to_dict()
         meta["target_modules"] = sorted(meta["target_modules"])
-        trainer.adapter.save_lora(str(tmp / "lora"), payload["lora"], meta)
-    elif payload["model"] is not None:  # sharded full fine-tuning: the gathered weights
+        session.adapter.save_lora(str(tmp / "lora"), weights["lora"], meta)
+    elif weights["model"] is not None:  # sharded full fine-tuning: the gathered weights
         (tmp / "transformer").mkdir()
         save_tensors(tmp / "transformer" / "diffusion_pytorch_model.safetensors",
-                     payload["model"])
+                     weights["model"])
         model.save_config(str(tmp / "transformer"))
     elif hasattr(model, "save_pretrained"):
         model.save_pretrained(str(tmp / "transformer"))
-    save_tensors(tmp / "trainable.safetensors", payload["trainable"])
+    save_tensors(tmp / "trainable.safetensors", weights["trainable"])
     if payload["ema"] is not None:
         save_tensors(tmp / "ema.safetensors", payload["ema"])
     if payload["objective"]:  # e.g. DiffusionNFT's old policy
@@ -276,44 +273,29 @@ def _write(trainer: Any, tmp: Path, step: int, payload: dict[str, Any]) -> Path:
     tensors, meta_opt = optimizer_to_flat(payload["optimizer"])
     save_tensors(tmp / "optimizer.safetensors", tensors)
     write_json(tmp / "optimizer.json", meta_opt)
-    write_json(tmp / "state.json", {"step": step,
-                                    "saved_at": time.time(),
-                                    "world_size": trainer.world,
-                                    "calls": trainer.calls.state(),
-                                    "advantage_state": trainer.adv_state,
-                                    "trainer_state": trainer.state_dict(),
-                                    "config": to_dict(trainer.cfg)})
-    return commit(tmp, trainer.cfg.run.keep_checkpoints)
+    state = dict(payload["state"])
+    write_json(tmp / "state.json", {"step": state.pop("step"), "saved_at": time.time(), **state})
+    return commit(tmp, keep)
 
 
-def load_trainer(trainer: Any, folder: Path) -> None:
-    """Continue from checkpoint ``folder``: weights, optimizer, EMA, RNG, epoch."""
-    state = read_json(folder / "state.json")
-    weights = load_file(str(folder / "trainable.safetensors"))
-    model = unwrap(trainer.adapter.transformer)
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    missing = [n for n in names if n not in weights]
-    if missing:
-        raise RunError(f"checkpoint {folder} does not match this model: it has no "
-                       f"{missing[0]} ({len(missing)} trainable weights missing)")
-    for name, p in zip(names, trainer.params):
-        if weights[name].shape != p.shape:
-            raise RunError(f"checkpoint {folder} does not match this model: {name} is "
-                           f"{tuple(weights[name].shape)} there and {tuple(p.shape)} here")
-    for name, p in zip(names, trainer.params):
-        engines.copy_full_(p, weights[name])  # a sharded parameter keeps its own shard
-    trainer.optimizer.load_state_dict(engines.shard_optimizer_state(optimizer_from_flat(
-        load_file(str(folder / "optimizer.safetensors")),
-        read_json(folder / "optimizer.json")), trainer.optimizer))
-    if trainer.ema is not None and (folder / "ema.safetensors").is_file():
-        trainer.ema.load_state_dict(load_file(str(folder / "ema.safetensors")))
-    load_rng(folder, trainer.rank)
-    trainer.start_epoch = int(state["step"])  # one epoch per step
-    trainer.calls.load(state.get("calls", {}))
-    trainer.adv_state.update(state.get("advantage_state", {}))
-    trainer.load_state_dict(state.get("trainer_state", {}))
-    if (folder / "objective.safetensors").is_file():
-        trainer.objective.load_state_dict(load_file(str(folder / "objective.safetensors")))
+def read(folder: Path) -> dict[str, Any]:
+    """What checkpoint ``folder`` holds, in :func:`write`'s layout: ``weights`` (``trainable``
+    only), ``ema`` and ``objective`` (None when absent), ``optimizer`` and ``state``. The RNG
+    states are per process: :func:`load_rng`."""
+    folder = Path(folder)
+
+    def optional(name: str) -> dict[str, torch.Tensor] | None:
+        path = folder / name
+        return load_file(str(path)) if path.is_file() else None
+
+    return {
+        "weights": {"trainable": load_file(str(folder / "trainable.safetensors"))},
+        "ema": optional("ema.safetensors"),
+        "objective": optional("objective.safetensors"),
+        "optimizer": optimizer_from_flat(load_file(str(folder / "optimizer.safetensors")),
+                                         read_json(folder / "optimizer.json")),
+        "state": read_json(folder / "state.json"),
+    }
 
 
 def saved_config(folder: str | Path) -> dict:

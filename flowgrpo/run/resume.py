@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +172,79 @@ def record(run_dir: Path, folder: Path, step: int, world: int, changed: dict,
 
 def warn(message: str) -> None:
     print(f"flowgrpo: warning: {message}", flush=True)
+
+
+@dataclass
+class RunFolder:
+    """Where a run writes, and what it continues from (see :meth:`open`).
+
+    Attributes:
+        path: the run folder.
+        checkpoint: the checkpoint a resume continues from; None for a fresh run.
+        changed: the harmless config keys a resume changes (:func:`check_config`).
+        saved_world: the number of processes that wrote ``checkpoint``.
+        overwrite: a fresh run replaces an earlier run's files in ``path``.
+    """
+
+    path: Path
+    checkpoint: Path | None = None
+    changed: dict = field(default_factory=dict)
+    saved_world: int = 1
+    overwrite: bool = False
+
+    @classmethod
+    def open(cls, config: Config, acc: Any, resume: str | None = None,
+             overwrite: bool = False) -> RunFolder:
+        """The run folder of ``config`` on every process (``acc``: the accelerate
+        ``Accelerator``).
+
+        Args:
+            resume: ``None`` (fresh run), ``"auto"`` (the newest intact checkpoint of
+                ``run.output_dir``, or of the run under ``runs/`` saved last) or a checkpoint /
+                run folder; its config must match ``config`` but for :data:`HARMLESS` keys.
+            overwrite: start a fresh run even in a folder that holds one; without it such a
+                folder is refused.
+        """
+        from accelerate.utils import broadcast_object_list
+
+        from flowgrpo.run import checkpoint as ckpt
+        from flowgrpo.run.tracking import new_run_dir
+
+        main = acc.is_main_process
+        folder = (ckpt.find_checkpoint(resume, config.run.output_dir, warn=warn if main else None)
+                  if resume else None)
+        changed: dict = {}
+        saved_world = 1
+        if folder is not None:
+            run_dir = folder.parent.parent
+            state = ckpt.read_json(folder / "state.json")
+            saved_world = int(state.get("world_size", 1))
+            changed = check_config(state["config"], saved_world, config, acc.num_processes)
+        else:
+            run_dir = Path(config.run.output_dir) if config.run.output_dir else new_run_dir()
+        path = Path(broadcast_object_list([str(run_dir)])[0])
+        if folder is None:
+            guard_fresh(path, overwrite, clear=False)
+        return cls(path, folder, changed, saved_world, overwrite)
+
+    def prepare(self, config: Config, step: int, world: int) -> None:
+        """On the main process, before anything is written: nothing of an earlier run is lost
+        or duplicated. A fresh run clears what ``overwrite`` replaces and writes
+        ``config.yaml``; a resume at ``step`` cuts the later metrics rows and records itself."""
+        from flowgrpo.config.io import to_yaml
+        from flowgrpo.run import checkpoint as ckpt
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        for leftover in ckpt.remove_leftovers(self.path):
+            warn(f"removed {leftover}, an unfinished checkpoint write")
+        if self.checkpoint is None:
+            guard_fresh(self.path, self.overwrite, clear=True)
+            (self.path / "config.yaml").write_text(to_yaml(config))
+            return
+        dropped = truncate_metrics(self.path, step)
+        record(self.path, self.checkpoint, step, world, self.changed, dropped)
+        notes = [f"changed: {', '.join(self.changed)}"] if self.changed else []
+        if self.saved_world != world:
+            notes.append(f"written by {self.saved_world} processes; the global batch is kept")
+        print(f"flowgrpo: resuming from {self.checkpoint} at step {step}"
+              + (f" ({'; '.join(notes)})" if notes else ""), flush=True)

@@ -16,6 +16,7 @@ from flowgrpo.config.schema import Config
 from flowgrpo.data.prompts import Prompt
 from flowgrpo.rl.batch import chunks
 from flowgrpo.rl.rollout import RolloutSpec, rollout, solve
+from flowgrpo.rl.session import ModelSession
 from flowgrpo.seeding import stream_seed
 from flowgrpo.training.reward_runner import RewardRunner
 from pipelines import Cond, FlowAdapter
@@ -74,17 +75,20 @@ class Evaluator:
     """Eval reward of the current weights on ``prompts`` (shared by training and the CLI).
 
     Args:
+        session: the model session (adapter, prompt encoding, autocast, guidance).
         acc: the accelerate ``Accelerator`` (each process takes every world-th image).
         tracker: where the eval grid is saved (optional).
         ema: weights swapped in during eval (optional).
+        encode: encodes prompts in place of ``session.encode`` (the CLI encodes each chunk in
+            one adapter call).
     """
 
-    def __init__(self, cfg: Config, adapter: FlowAdapter, rewards: RewardRunner,
-                 prompts: list[Prompt], encode: Callable, acc, autocast: Callable = nullcontext,
-                 tracker=None, ema=None) -> None:
-        self.cfg, self.adapter, self.rewards = cfg, adapter, rewards
-        self.encode, self.acc, self.autocast = encode, acc, autocast
-        self.tracker, self.ema = tracker, ema
+    def __init__(self, cfg: Config, session: ModelSession, rewards: RewardRunner,
+                 prompts: list[Prompt], acc, tracker=None, ema=None,
+                 encode: Callable | None = None) -> None:
+        self.cfg, self.session, self.rewards = cfg, session, rewards
+        self.adapter, self.encode = session.adapter, encode or session.encode
+        self.acc, self.tracker, self.ema = acc, tracker, ema
         self.items = eval_items(prompts, cfg.data.eval_images_per_prompt)
 
     def run(self, step: int) -> dict:
@@ -95,9 +99,9 @@ class Evaluator:
         with self.ema.applied() if self.ema is not None else nullcontext():
             media = generate(self.adapter, self.encode, prompts, [s for _, _, s in mine],
                              cfg.sampler.eval_num_steps or cfg.sampler.num_steps,
-                             cfg.model.guidance,
+                             self.session.guidance,
                              cfg.train.sample_batch_size or cfg.train.batch_size,
-                             autocast=self.autocast, metadata=[m for _, m, _ in mine])
+                             autocast=self.session.autocast, metadata=[m for _, m, _ in mine])
         per_prompt = cfg.data.eval_images_per_prompt  # chunks keep a prompt's images together
         out = RewardOutput.cat([
             self.rewards.score(media[sl], prompts[sl], [m for _, m, _ in mine[sl]])

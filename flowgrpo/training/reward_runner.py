@@ -7,6 +7,7 @@ aggregation, normalized one by one before they are summed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -14,9 +15,29 @@ import torch
 
 from flowgrpo.config.schema import RewardConfig, RunConfig
 from flowgrpo.errors import RunError, one_line
+from flowgrpo.registry import short_name
 from pipelines import FlowAdapter
 from reward_models import Media, RewardOutput
 from reward_models.checks import RewardFault, check_output
+
+
+def _with_given(specs: list[dict], given: dict[str, Callable]) -> list[dict]:
+    """``specs`` with each name in ``given`` replaced by its reward, built as the registry
+    builds a plugged-in one, and keyed by the name's short form (the metrics' name)."""
+    if not given:
+        return specs
+    from reward_models.base import as_reward_factory
+
+    out = []
+    for spec in specs:
+        name = spec["name"]
+        if name in given:
+            spec = {**spec, "name": as_reward_factory(given[name])(**spec["params"]),
+                    "params": {}, "key": short_name(name)}
+        out.append(spec)
+    if len(out) == 1 and out[0]["weight"] == 1.0:  # one reward alone is not a mix
+        out[0].pop("key", None)
+    return out
 
 
 class _Done(Future):
@@ -53,16 +74,20 @@ class RewardRunner:
         adapter: the model adapter (its modality and sample rate describe the media).
         run: the ``run`` config section (``on_reward_error``, ``reward_retries``,
             ``on_nonfinite``); None: stop on every fault.
+        given: rewards the caller holds (scoring functions or reward classes, as the Python API
+            takes them), by the name ``cfg`` records for them; the other names are looked up in
+            the reward registry.
     """
 
-    def __init__(self, cfg: RewardConfig, adapter: FlowAdapter, run: RunConfig | None = None
-                 ) -> None:
+    def __init__(self, cfg: RewardConfig, adapter: FlowAdapter, run: RunConfig | None = None,
+                 given: dict[str, Callable] | None = None) -> None:
         from reward_models.mix import build_reward
 
         self.cfg = cfg
         self.run = run or RunConfig(on_reward_error="stop", on_nonfinite="stop")
         self.name = "+".join(spec["name"] for spec in cfg.specs())
-        self.reward = build_reward(cfg.specs(), mode=cfg.mix_mode, seed=self.run.seed)
+        self.reward = build_reward(_with_given(cfg.specs(), given or {}), mode=cfg.mix_mode,
+                                   seed=self.run.seed)
         self.modality = adapter.modality
         self.sample_rate = adapter.sample_rate
         self.groupwise = bool(getattr(self.reward, "groupwise", False))
@@ -145,29 +170,28 @@ class RewardRunner:
         """Score a batch synchronously (eval)."""
         return self.reward(self.media(data.detach()), prompts, metadata)
 
-    def for_advantages(self, signal, acc) -> torch.Tensor | dict:
-        """What the advantage estimator gets from every process (``signal``: a credit's
-        :class:`~flowgrpo.rl.credit.Signal`; ``acc``: the accelerate ``Accelerator``): the scores,
-        or the components when each reward is normalized on its own (``normalize_then_sum``)."""
+    def for_advantages(self, signal) -> torch.Tensor | dict:
+        """What the advantage estimator normalises (``signal``: a credit's
+        :class:`~flowgrpo.rl.credit.Signal`): the scores, or the components when each reward is
+        normalized on its own (``normalize_then_sum``)."""
         if self.cfg.aggregation == "normalize_then_sum" and self.weights and signal.components:
-            return {k: acc.gather(signal.components[k].to(acc.device)).float().cpu()
-                    for k in self.weights}
-        return acc.gather(signal.scores.to(acc.device)).float().cpu()
+            return {k: signal.components[k] for k in self.weights}
+        return signal.scores
 
-    def metrics(self, out: RewardOutput, acc, prefix: str = "reward",
-                valid: torch.Tensor | None = None) -> dict:
-        """``reward/mean``, ``reward/std`` and ``reward/<component>`` over all processes and the
-        usable samples (``valid``); ``reward/skipped_groups`` when some were skipped."""
-        valid = torch.ones(len(out.scores), dtype=torch.bool) if valid is None else valid
-        usable = acc.gather(valid.to(acc.device)).bool()
-        scores = acc.gather(out.scores.to(acc.device)).float()[usable]
+    def metrics(self, scores: torch.Tensor, components: dict[str, torch.Tensor],
+                info: dict[str, float], usable: torch.Tensor, prefix: str = "reward") -> dict:
+        """``reward/mean``, ``reward/std`` and ``reward/<component>`` over the usable samples
+        (``usable``) of the ``scores`` and ``components`` of every process;
+        ``reward/skipped_samples`` when some were skipped; ``info``, this process's reward info,
+        as it is."""
+        usable = usable.bool()
+        scores = scores.float()[usable]
         metrics = {f"{prefix}/mean": scores.mean().item(), f"{prefix}/std": scores.std().item()}
-        for key, value in (out.components or {}).items():
-            metrics[f"{prefix}/{key}"] = (acc.gather(value.to(acc.device)).float()[usable]
-                                          .mean().item())
+        for key, value in components.items():
+            metrics[f"{prefix}/{key}"] = value.float()[usable].mean().item()
         if not bool(usable.all()):
             metrics[f"{prefix}/skipped_samples"] = float((~usable).sum())
-        for key, value in out.info.items():
+        for key, value in info.items():
             metrics[f"{prefix}/{key}"] = float(value)
         return metrics
 

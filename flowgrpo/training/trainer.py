@@ -14,8 +14,8 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -24,146 +24,85 @@ from tqdm.auto import tqdm
 import samplers
 from flowgrpo import console
 from flowgrpo import distributed as engines
-from flowgrpo.config.io import to_dict, to_yaml
+from flowgrpo.config.io import to_dict
 from flowgrpo.config.schema import Config
-from flowgrpo.data.prompts import load_prompts, sample_groups
-from flowgrpo.distributed import unwrap
+from flowgrpo.data.prompts import sample_groups
 from flowgrpo.errors import Interrupted, RunError
 from flowgrpo.rl import advantages as adv_lib
-from flowgrpo.rl import credit as credit_lib
-from flowgrpo.rl import objectives, pruning
-from flowgrpo.rl import step_selection as steps_lib
-from flowgrpo.rl.batch import RolloutBatch, chunks
-from flowgrpo.rl.ema import EMA
-from flowgrpo.rl.rollout import RolloutSpec, rollout
-from flowgrpo.rl.views import Views
+from flowgrpo.rl.batch import GlobalView, RolloutBatch, chunks
+from flowgrpo.rl.rollout import rollout
 from flowgrpo.run import checkpoint as ckpt
-from flowgrpo.run import resume as resume_lib
-from flowgrpo.run.tracking import Tracker, new_run_dir
-from flowgrpo.seeding import generator, stream_seed
-from flowgrpo.training.calls import CallCounter
+from flowgrpo.run.resume import RunFolder
+from flowgrpo.run.tracking import Tracker
+from flowgrpo.seeding import generator
+from flowgrpo.training.components import Components, accelerator, build_components
 from flowgrpo.training.evaluation import Evaluator
-from flowgrpo.training.model_setup import compile_forward, load_adapter, make_trainable
-from flowgrpo.training.reward_runner import RewardRunner, RewardStop
+from flowgrpo.training.reward_runner import RewardStop
 
 
 class Trainer:
-    """Build everything a run needs from a validated :class:`Config`.
+    """Run built components in a run folder, one epoch after another.
 
     Args:
-        config: the resolved configuration.
-        resume: ``None`` (fresh run), ``"auto"`` (the newest intact checkpoint of
-            ``run.output_dir``, or of the run under ``runs/`` saved last) or a checkpoint / run
-            folder. The checkpoint's config must match ``config`` but for harmless keys
-            (:data:`flowgrpo.run.resume.HARMLESS`).
-        overwrite: start a fresh run even in a folder that holds one (its files are deleted);
-            without it such a folder is refused.
+        components: the run's parts (:func:`~flowgrpo.training.components.build_components`).
+        run: the run folder and the checkpoint it continues from, if any
+            (:meth:`flowgrpo.run.resume.RunFolder.open`).
+
+    :meth:`from_config` builds both from a config.
     """
 
-    def __init__(self, config: Config, resume: str | None = None,
-                 overwrite: bool = False) -> None:
-        from accelerate import Accelerator
-        from accelerate.utils import broadcast_object_list, set_seed
-
-        self.cfg = cfg = config
-        self.acc = Accelerator(cpu=cfg.run.cpu or not torch.cuda.is_available())
-        self.rank, self.world = self.acc.process_index, self.acc.num_processes
-        main = self.acc.is_main_process
-        checkpoint = (ckpt.find_checkpoint(resume, cfg.run.output_dir,
-                                           warn=resume_lib.warn if main else None)
-                      if resume else None)
-        changed: dict = {}
-        if checkpoint is not None:
-            run_dir = checkpoint.parent.parent
-            state = ckpt.read_json(checkpoint / "state.json")
-            saved_world = int(state.get("world_size", 1))
-            changed = resume_lib.check_config(state["config"], saved_world, cfg, self.world)
-        else:
-            run_dir = Path(cfg.run.output_dir) if cfg.run.output_dir else new_run_dir()
-        self.run_dir = Path(broadcast_object_list([str(run_dir)])[0])
-        if checkpoint is None:
-            resume_lib.guard_fresh(self.run_dir, overwrite, clear=False)
-        if main:
-            print(f"flowgrpo: {engines.describe(self.acc)}; run directory {self.run_dir}",
-                  flush=True)
-        set_seed(stream_seed("process", cfg.run.seed, self.rank))
-
-        self.adapter = load_adapter(cfg.model, self.acc.device)
-        self.params = make_trainable(cfg.model, self.adapter)
-        reference_copy = getattr(self.adapter, "reference_copy", None)  # full fine-tuning only
-        self.calls = CallCounter([m for m in (self.adapter.transformer, reference_copy)
-                                  if m is not None])
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=cfg.train.lr, betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
-            weight_decay=cfg.train.weight_decay,
-            **optimizer_kernel(cfg.train.optimizer_kernel, self.acc.device),
-        )
-        engines.set_deepspeed_micro_batch(self.acc, cfg.train.train_batch_size
-                                          or cfg.train.batch_size)
-        self.adapter.transformer, self.optimizer = self.acc.prepare(
-            self.adapter.transformer, self.optimizer
-        )
-        if cfg.model.compile:
-            for module in (self.adapter.transformer, reference_copy):
-                if module is not None:
-                    compile_forward(module, cfg.model.compile)
-        # FSDP2 replaces the parameter objects; under DDP these are the same ones
-        self.params = engines.trainable_parameters(unwrap(self.adapter.transformer))
-        self.ema = EMA(self.params, cfg.train.ema_decay) if cfg.train.ema else None
-        self.sampler = samplers.get(cfg.sampler.name, **cfg.sampler.params)
-        tc = cfg.train
-        self.selection = steps_lib.build(tc.step_selection, seed=cfg.run.seed,
-                                         **tc.step_selection_params)
-        self.credit = credit_lib.build(tc.credit, **tc.credit_params)
-        self.views = Views(tc.views, tc.enhancer, tc.enhancer_params, cfg.run.seed)
-        self.rewards = RewardRunner(cfg.reward, self.adapter, cfg.run)
-        self.prompts = load_prompts(cfg.data.prompts)
-        self.autocast = autocast_factory(cfg.model.mixed_precision, self.acc.device)
-        self.spec = RolloutSpec(self.sampler, cfg.model.guidance, cfg.sampler.after_window,
-                                cfg.sampler.flash_ratio, getattr(torch, cfg.sampler.storage_dtype),
-                                self.autocast)
-        policy = objectives.Policy(
-            self.adapter, self.sampler, guidance=cfg.model.guidance, loss=tc.loss,
-            loss_params=tc.loss_params, beta=tc.beta,
-            batch_size=tc.train_batch_size or tc.batch_size, autocast=self.autocast, kl=tc.kl,
-            params=self.params, seed=cfg.run.seed)
-        self.objective = objectives.build(tc.objective, policy, **tc.objective_params)
-        self.pruner = pruning.build(tc.pruner, **tc.pruner_params)
+    def __init__(self, components: Components, run: RunFolder) -> None:
+        c = components
+        cfg, acc = c.cfg, c.acc
+        self.cfg, self.acc, self.session = cfg, acc, c.session
+        self.rank, self.world = acc.process_index, acc.num_processes
+        self.adapter, self.params = c.session.adapter, c.session.params
+        self.optimizer, self.ema, self.calls = c.optimizer, c.ema, c.calls
+        self.sampler, self.spec, self.selection = c.sampler, c.spec, c.selection
+        self.credit, self.views, self.objective, self.pruner = (c.credit, c.views, c.objective,
+                                                                c.pruner)
+        self.rewards, self.prompts = c.rewards, c.prompts
+        self.run_dir = run.path
         self.adv_state: dict = {}  # a stateful advantage estimator's running statistics
         self.nonfinite_run = 0  # optimizer steps skipped in a row for non-finite gradients
-        self._cond_cache: dict[tuple, object] = {}  # (prompt, *condition values) -> Cond
         self.start_epoch = 0
-        if checkpoint is not None:
-            self.load(checkpoint)
+        if run.checkpoint is not None:
+            self.load(run.checkpoint)
         self.stop_signal = 0
         self.last_saved = self.start_epoch  # the newest checkpoint of this run, by step
-        if main:  # the run folder: nothing of an earlier run is lost or duplicated
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            for leftover in ckpt.remove_leftovers(self.run_dir):
-                resume_lib.warn(f"removed {leftover}, an unfinished checkpoint write")
-            if checkpoint is None:
-                resume_lib.guard_fresh(self.run_dir, overwrite, clear=True)
-                (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
-            else:
-                dropped = resume_lib.truncate_metrics(self.run_dir, self.start_epoch)
-                resume_lib.record(self.run_dir, checkpoint, self.start_epoch, self.world,
-                                  changed, dropped)
-                notes = [f"changed: {', '.join(changed)}"] if changed else []
-                if saved_world != self.world:
-                    notes.append(f"written by {saved_world} processes; the global batch is kept")
-                print(f"flowgrpo: resuming from {checkpoint} at step {self.start_epoch}"
-                      + (f" ({'; '.join(notes)})" if notes else ""), flush=True)
-        self.acc.wait_for_everyone()
+        if acc.is_main_process:
+            run.prepare(cfg, self.start_epoch, self.world)
+        acc.wait_for_everyone()
         self.tracker = Tracker(
-            self.run_dir, main, cfg.run.tensorboard,
+            self.run_dir, acc.is_main_process, cfg.run.tensorboard,
             cfg.run.wandb_project if cfg.run.wandb else None, to_dict(cfg),
-            purge_step=self.start_epoch + 1 if checkpoint is not None else None,
+            purge_step=self.start_epoch + 1 if run.checkpoint is not None else None,
         )
-        self.evaluator = Evaluator(
-            cfg, self.adapter, self.rewards,
-            load_prompts(cfg.data.eval_prompts or cfg.data.prompts), self.encode, self.acc,
-            self.autocast, self.tracker, self.ema,
-        )
+        self.evaluator = Evaluator(cfg, self.session, self.rewards, c.eval_prompts, acc,
+                                   self.tracker, self.ema)
+
+    @classmethod
+    def from_config(cls, config: Config, resume: str | None = None, overwrite: bool = False, *,
+                    sampler: samplers.Sampler | None = None,
+                    reward_funcs: dict[str, Callable] | None = None) -> Trainer:
+        """Build everything a run needs from a validated :class:`Config`.
+
+        Args:
+            resume: ``None`` (fresh run), ``"auto"`` (the newest intact checkpoint of
+                ``run.output_dir``, or of the run under ``runs/`` saved last) or a checkpoint /
+                run folder. The checkpoint's config must match ``config`` but for harmless keys
+                (:data:`flowgrpo.run.resume.HARMLESS`).
+            overwrite: start a fresh run even in a folder that holds one (its files are
+                deleted); without it such a folder is refused.
+            sampler, reward_funcs: parts passed in instead of built from the config (see
+                :func:`~flowgrpo.training.components.build_components`).
+        """
+        acc = accelerator(config)
+        run = RunFolder.open(config, acc, resume, overwrite)
+        if acc.is_main_process:
+            print(f"flowgrpo: {engines.describe(acc)}; run directory {run.path}", flush=True)
+        return cls(build_components(config, acc, sampler=sampler, reward_funcs=reward_funcs),
+                   run)
 
     def state_dict(self) -> dict:
         """The trainer's own counters (checkpointed in ``state.json``)."""
@@ -172,59 +111,7 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         self.nonfinite_run = int(state.get("nonfinite_run", 0))
 
-    def use_sampler(self, sampler: samplers.Sampler) -> None:
-        """Roll out and train with ``sampler`` from now on."""
-        self.sampler = self.spec.sampler = self.objective.policy.sampler = sampler
-
     # ----------------------------------------------------------------- phases of an epoch
-    def encode(self, prompts: list[str], metadata: list[dict] | None = None,
-               cache: bool = True):
-        """Encode each distinct input once and expand to the batch.
-
-        An input is a prompt, plus the metadata values the family's encoding depends on
-        (``adapter.condition_keys``, e.g. an edit's source image). When the family allows it
-        (``per_prompt_encoding``), each input is encoded on its own, so its encoding does not
-        depend on which inputs share the call: a resumed run and a run on more processes see the
-        same numbers. The encodings are cached across epochs when the config asks for it and
-        ``cache`` is True (generated captions pass False)."""
-        from pipelines import Cond
-
-        keys = self.adapter.condition_keys
-        metadata = metadata if metadata is not None else [{} for _ in prompts]
-        inputs = [(p, *(repr(m.get(k)) for k in keys)) for p, m in zip(prompts, metadata)]
-        first = {}
-        for i, key in enumerate(inputs):
-            first.setdefault(key, i)
-        if not self.adapter.per_prompt_encoding:  # one call, so every row shares its padding
-            unique = sorted(first)
-            with self.offloaded(self.adapter.text_encoder_names):
-                enc = self.adapter.encode_inputs([prompts[first[k]] for k in unique],
-                                                 [metadata[first[k]] for k in unique])
-            return enc.index([unique.index(k) for k in inputs])
-        todo = sorted(k for k in first if k not in self._cond_cache)
-        if todo:
-            with self.offloaded(self.adapter.text_encoder_names):
-                for k in todo:
-                    i = first[k]
-                    self._cond_cache[k] = self.adapter.encode_inputs([prompts[i]], [metadata[i]])
-        cond = Cond.cat([self._cond_cache[k] for k in inputs])
-        if not (self.cfg.model.cache_prompt_embeds and cache):
-            self._cond_cache.clear()
-        return cond
-
-    @contextmanager
-    def offloaded(self, names: tuple[str, ...]) -> Iterator[None]:
-        """With ``model.offload_encoders``, the named components sit on the accelerator only
-        inside the block and wait on the CPU otherwise."""
-        if not self.cfg.model.offload_encoders:
-            yield
-            return
-        self.adapter.move_components(names, self.acc.device)
-        try:
-            yield
-        finally:
-            self.adapter.move_components(names, "cpu")
-
     def sample(self, epoch: int) -> RolloutBatch:
         """Roll out one batch of prompt groups; rewards overlap the following chunks.
 
@@ -244,21 +131,21 @@ class Trainer:
         metas = [{**m, "iteration": epoch, "sample": i} for m, i in zip(metas, index.tolist())]
         gens = [generator("rollout_noise", cfg.run.seed, epoch, i, device=self.acc.device)
                 for i in index.tolist()]
-        sigmas = self.adapter.schedule(cfg.sampler.num_steps)
+        sigmas = self.session.schedule()
         trained = self.selection.select(sigmas, groups, epoch, self.sampler)
         weights = self.selection.weights(sigmas, trained, self.sampler).to(self.acc.device)
         trajs, pending = [], []
         size = cfg.train.sample_batch_size or cfg.train.batch_size
         if self.rewards.groupwise:  # a group-wise reward must see whole groups in each chunk
             size = max(size // k, 1) * k
-        cond_all = self.encode(texts, metas)  # encodings: once per batch, not per chunk
-        with self.offloaded(("vae",)), self.objective.sampling():
+        cond_all = self.session.encode(texts, metas)  # once per batch, not per chunk
+        with self.session.offloaded(("vae",)), self.objective.sampling():
             for sl in chunks(len(texts), size):
                 cond = cond_all.index(sl)
                 noise = torch.cat([self.adapter.noise(1, g) for g in gens[sl]])
                 traj = rollout(self.adapter, self.spec, cond, noise, sigmas, trained[sl],
                                generator=gens[sl])
-                media = self.adapter.decode(traj.final)
+                media = self.session.decode(traj.final)
                 pending.append(self.rewards.submit(media, texts[sl], metas[sl]))
                 trajs.append(traj)
         try:
@@ -266,22 +153,32 @@ class Trainer:
             error = None
         except RewardStop as err:
             error = err
-        if self.any_process(error is not None):  # every process stops together
+        if engines.any_process(self.acc, error is not None):  # every process stops together
             raise error or RewardStop("a reward failed on another process")
         return RolloutBatch.build(trajs, texts, metas, groups, reward, weights, iteration=epoch,
                                   index=index, valid=valid)
 
     def advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict]:
-        """Credit the rewards, gather them from every process, normalise every column within its
-        group and keep this process's part: ``[B, V, J, P]``. Samples of skipped groups
-        (``batch.valid`` False) take no part and get advantage 0."""
+        """Credit the rewards, gather the batch metadata of every process once (the epoch's
+        :class:`~flowgrpo.rl.batch.GlobalView`, kept in ``batch.everyone``), normalise every
+        column within its group and keep this process's part: ``[B, V, J, P]``. Samples of
+        skipped groups (``batch.valid`` False) take no part and get advantage 0."""
         cfg = self.cfg
-        signal = self.credit.rewards(self, batch)
+        signal = self.credit.rewards(self.session, self.rewards.score, batch)
         batch.regions = signal.regions
-        groups = self.acc.gather(batch.groups.to(self.acc.device))
-        valid = self.acc.gather(batch.valid.to(self.acc.device)).bool().cpu()
-        rewards = self.rewards.for_advantages(signal, self.acc)
-        confidence = self.confidence(batch)
+        estimated = self.rewards.for_advantages(signal)  # a tensor, or one per component
+        parts = estimated if isinstance(estimated, dict) else {"": estimated}
+        components = batch.reward.components or {}
+        columns = {"groups": batch.groups, "valid": batch.valid, "scores": batch.reward.scores,
+                   **{f"component/{k}": v for k, v in components.items()},
+                   **{f"rewards/{k}": v for k, v in parts.items()}}
+        if "confidence" in adv_lib.runtime_inputs(cfg.train.advantage):  # rcc
+            columns["confidence"] = batch.traj.log_probs.sum(1)
+        every = engines.gather_columns(self.acc, columns)
+        groups, valid = every["groups"], every["valid"].bool().cpu()
+        parts = {k: every[f"rewards/{k}"].float().cpu() for k in parts}
+        rewards = parts if isinstance(estimated, dict) else parts[""]
+        confidence = every["confidence"].cpu() if "confidence" in every else None
         adv, metrics = adv_lib.compute_advantages(
             _rows(rewards, valid), groups[valid.to(groups.device)], estimator=cfg.train.advantage,
             adv_clip=cfg.train.adv_clip or None, weights=self.rewards.weights,
@@ -292,17 +189,29 @@ class Trainer:
         full = torch.zeros(len(valid), *(() if adv is None else adv.shape[1:]))
         if adv is not None:
             full[valid] = adv.float().cpu()
-        n = len(batch.groups)
-        metrics.update(self.rewards.metrics(batch.reward, self.acc, valid=batch.valid))
-        metrics.update(self.reduce(dict(batch.info)))
-        return full[self.rank * n:(self.rank + 1) * n].to(self.acc.device), metrics
+        view = GlobalView(groups.cpu(), valid, canonical_advantages(full, batch), self.rank,
+                          len(batch.groups))
+        view.issued = view.mine(full).to(self.acc.device)
+        batch.everyone = view
+        metrics.update(self.rewards.metrics(
+            every["scores"], {k: every[f"component/{k}"] for k in components},
+            batch.reward.info, every["valid"]))
+        metrics.update(engines.reduce(self.acc, dict(batch.info)))
+        return view.issued, metrics
 
-    def confidence(self, batch: RolloutBatch) -> torch.Tensor | None:
-        """Each trajectory's sampling log-prob summed over its trained steps, from every process,
-        when the advantage estimator takes it (``rcc``); else None."""
-        if "confidence" not in adv_lib.runtime_inputs(self.cfg.train.advantage):
-            return None
-        return self.acc.gather(batch.traj.log_probs.sum(1).to(self.acc.device)).cpu()
+    def global_view(self, batch: RolloutBatch, adv: torch.Tensor) -> GlobalView:
+        """The epoch's :class:`~flowgrpo.rl.batch.GlobalView` with this process's advantages
+        ``adv``: the one :meth:`advantages` made when ``adv`` is what it returned, else one
+        gathered here (a caller's own advantages)."""
+        view = batch.everyone
+        if view is not None and view.issued is adv:
+            return view
+        every = engines.gather_columns(self.acc, {"groups": batch.groups, "valid": batch.valid,
+                                                  "advantages": batch.advantages})
+        batch.everyone = GlobalView(every["groups"].cpu(), every["valid"].bool().cpu(),
+                                    every["advantages"].float().cpu(), self.rank,
+                                    len(batch.groups), issued=adv)
+        return batch.everyone
 
     def update(self, batch: RolloutBatch, adv: torch.Tensor, epoch: int) -> dict:
         """``num_inner_epochs`` passes of minibatch updates of the objective.
@@ -317,12 +226,12 @@ class Trainer:
         cfg = self.cfg.train
         batch.advantages = canonical_advantages(adv, batch)
         n = len(batch.groups)
-        train = batch.valid.to(self.acc.device).clone()
+        view = self.global_view(batch, adv)
+        train = view.valid.clone()
         if cfg.skip_zero_advantage and cfg.beta == 0:
             # with a KL term a zero-advantage sample still has a gradient: it is trained
-            train &= batch.advantages.flatten(1).ne(0).any(1)
-        everywhere = self.acc.gather(train).bool().cpu()
-        keep, out = self.prune(batch, everywhere.nonzero().flatten(), epoch)
+            train &= view.advantages.flatten(1).ne(0).any(1)
+        keep, out = self.prune(batch, view, train.nonzero().flatten(), epoch)
         low = self.rank * n
         mine = keep[(keep >= low) & (keep < low + n)] - low
         state = self.objective.prepare(batch, mine.to(self.acc.device))  # only what is trained
@@ -360,7 +269,7 @@ class Trainer:
                     if norm is not None:
                         norms.append(norm)
         self.objective.after_update()
-        totals = self.total({**sums, "_count": count})
+        totals = engines.total(self.acc, {**sums, "_count": count})
         count = totals.pop("_count")
         out.update({k: v / max(count, 1) for k, v in totals.items()})
         if norms:
@@ -400,49 +309,22 @@ class Trainer:
         return finite, (float(norm) if finite and norm is not None and cfg.max_grad_norm
                         else None)
 
-    def prune(self, batch: RolloutBatch, keep: torch.Tensor, epoch: int) -> tuple[torch.Tensor,
-                                                                                 dict]:
+    def prune(self, batch: RolloutBatch, view: GlobalView, keep: torch.Tensor,
+              epoch: int) -> tuple[torch.Tensor, dict]:
         """Drop low-information samples among the global indices ``keep`` (``train.pruner``)
-        and give the kept ones importance weights ``batch.sample_weights``, scaled by ``kept /
-        candidates`` so that the minibatch means stay unbiased estimates of the full batch's.
-        Runs on the gathered batch from ``(seed, epoch)``, the same on every process. Returns
-        the kept global indices and ``train/pruned_frac``, the fraction of training forwards
-        saved."""
-        n = len(batch.groups)
-        advantages = self.acc.gather(batch.advantages.contiguous()).cpu()
-        groups = self.acc.gather(batch.groups.to(self.acc.device)).cpu()
+        and give the kept ones importance weights (``view.sample_weights``, this process's part
+        in ``batch.sample_weights``), scaled by ``kept / candidates`` so that the minibatch
+        means stay unbiased estimates of the full batch's. Runs on the global view from
+        ``(seed, epoch)``, the same on every process. Returns the kept global indices and
+        ``train/pruned_frac``, the fraction of training forwards saved."""
         gen = generator("pruning", self.cfg.run.seed, epoch)
-        local, weight = self.pruner(advantages[keep], groups[keep], gen)
+        local, weight = self.pruner(view.advantages[keep], view.groups[keep], gen)
         kept = keep[local.cpu()]
-        weights = torch.zeros(len(groups))
+        weights = torch.zeros(len(view.groups))
         weights[kept] = weight.float().cpu() * len(kept) / max(len(keep), 1)
-        batch.sample_weights = weights[self.rank * n:(self.rank + 1) * n]
+        view.sample_weights = weights
+        batch.sample_weights = view.mine(weights)
         return kept, {"train/pruned_frac": 1 - len(kept) / max(len(keep), 1)}
-
-    def any_process(self, flag: bool) -> bool:
-        """Whether ``flag`` holds on any process."""
-        if self.world == 1:
-            return flag
-        value = torch.tensor([float(flag)], device=self.acc.device)
-        return bool(self.acc.reduce(value, reduction="sum")[0] > 0)
-
-    def total(self, values: dict) -> dict:
-        """Sum of each value over processes."""
-        if self.world == 1 or not values:
-            return values
-        keys = sorted(values)
-        summed = self.acc.reduce(torch.tensor([float(values[k]) for k in keys],
-                                              device=self.acc.device), reduction="sum")
-        return dict(zip(keys, summed.tolist()))
-
-    def reduce(self, metrics: dict) -> dict:
-        """Mean of each metric over processes."""
-        if self.world == 1 or not metrics:
-            return metrics
-        keys = sorted(metrics)
-        values = torch.tensor([metrics[k] for k in keys], device=self.acc.device)
-        values = self.acc.reduce(values, reduction="mean")
-        return dict(zip(keys, values.tolist()))
 
     # ----------------------------------------------------------------- the loop
     def train(self) -> dict:
@@ -486,11 +368,11 @@ class Trainer:
             batch = self.sample(epoch)
         except RewardStop as err:
             self.stop_at(epoch, str(err))
-        self.views.extend(self, batch, epoch)
+        self.views.extend(self.session, self.rewards.score, batch, epoch)
         t1 = time.time()
         adv, metrics = self.advantages(batch)
         metrics.update(self.update(batch, adv, epoch))
-        metrics.update(self.reduce(self.calls.take()))
+        metrics.update(engines.reduce(self.acc, self.calls.take()))
         t2 = time.time()
         step = epoch + 1
         metrics.update({"time/rollout": t1 - t0, "time/train": t2 - t1, "time/step": t2 - t0,
@@ -557,13 +439,46 @@ class Trainer:
     # ----------------------------------------------------------------- checkpoints
     def save(self, step: int) -> Path | None:
         """Write checkpoint ``step`` atomically (see :mod:`flowgrpo.run.checkpoint`)."""
-        path = ckpt.save_trainer(self, step)
+        path = ckpt.save(self.run_dir, step, self.acc, self.session,
+                         lambda sharded: self.checkpoint_state(step, sharded),
+                         self.cfg.run.keep_checkpoints)
         self.last_saved = step
         return path
 
+    def checkpoint_state(self, step: int, sharded: bool) -> dict:
+        """What checkpoint ``step`` holds, each part built by its owner as whole CPU tensors
+        (``sharded``: the weights are sharded, so a full fine-tuning saves the whole model)."""
+        lora = self.cfg.model.lora
+        return {
+            "weights": self.session.state_dict(lora=lora, full_model=sharded and not lora),
+            "ema": None if self.ema is None else engines.full_tensors(self.ema.state_dict()),
+            "objective": engines.full_tensors(self.objective.state_dict()),
+            "optimizer": engines.full_optimizer_state(self.optimizer.state_dict()),
+            "state": {"step": step, "world_size": self.world, "calls": self.calls.state(),
+                      "advantage_state": self.adv_state, "trainer_state": self.state_dict(),
+                      "config": to_dict(self.cfg)},
+        }
+
     def load(self, folder: Path) -> None:
-        """Continue from checkpoint ``folder``: weights, optimizer, EMA, RNG, epoch."""
-        ckpt.load_trainer(self, folder)
+        """Continue from checkpoint ``folder``: each owner takes its part back (weights,
+        optimizer, EMA, RNG, counters, the objective's snapshots) and the run its epoch."""
+        saved = ckpt.read(folder)
+        try:
+            self.session.load_state_dict(saved["weights"]["trainable"])
+        except ValueError as err:
+            raise RunError(f"checkpoint {folder} does not match this model: {err}") from None
+        self.optimizer.load_state_dict(engines.shard_optimizer_state(saved["optimizer"],
+                                                                     self.optimizer))
+        if self.ema is not None and saved["ema"] is not None:
+            self.ema.load_state_dict(saved["ema"])
+        ckpt.load_rng(folder, self.rank)
+        state = saved["state"]
+        self.start_epoch = int(state["step"])  # one epoch per step
+        self.calls.load(state.get("calls", {}))
+        self.adv_state.update(state.get("advantage_state", {}))
+        self.load_state_dict(state.get("trainer_state", {}))
+        if saved["objective"] is not None:
+            self.objective.load_state_dict(saved["objective"])
 
 
 def canonical_advantages(adv: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
@@ -574,23 +489,6 @@ def canonical_advantages(adv: torch.Tensor, batch: RolloutBatch) -> torch.Tensor
     regions = 1 if batch.regions is None else len(batch.regions)
     adv = adv.float().reshape(len(adv), *adv.shape[1:], *([1] * (4 - adv.ndim)))
     return adv.expand(len(adv), views, steps, regions)
-
-
-def optimizer_kernel(kernel: str, device: torch.device) -> dict:
-    """AdamW's implementation keyword: ``auto`` is the fused kernel on CUDA (one launch for all
-    LoRA tensors instead of several per tensor) and torch's own choice elsewhere, which keeps
-    the CPU runs' numbers as they were."""
-    if kernel == "auto":
-        return {"fused": True} if device.type == "cuda" else {}
-    return {kernel: True}
-
-
-def autocast_factory(mixed_precision: str, device: torch.device):
-    """A zero-argument context factory: autocast in bf16/fp16, or nothing."""
-    if mixed_precision == "fp32":
-        return nullcontext
-    dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
-    return lambda: torch.autocast(device.type, dtype=dtype)
 
 
 def _rows(rewards: torch.Tensor | dict, rows: torch.Tensor) -> torch.Tensor | dict:

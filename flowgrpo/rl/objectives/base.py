@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -28,6 +28,7 @@ from flowgrpo.rl import kl as kl_lib
 from flowgrpo.rl import losses
 from flowgrpo.rl.batch import RolloutBatch, chunks
 from flowgrpo.rl.replay import replay_step
+from flowgrpo.rl.session import ModelSession
 from flowgrpo.validation import integer
 from pipelines import FlowAdapter
 
@@ -36,32 +37,41 @@ OBJECTIVES: Registry[type[Objective]] = Registry("objective")
 
 @dataclass
 class Policy:
-    """What an objective may call: the model, the sampler and the run's loss settings.
+    """What an objective may call: the model session, the sampler and the run's loss settings.
 
     Attributes:
-        adapter: the model family adapter (its transformer is the trained policy).
+        session: the model session (its adapter's transformer is the trained policy; its
+            guidance is the CFG scale of rollout and training; its autocast wraps model calls).
         sampler: the rollout's stochastic sampler.
-        guidance: CFG scale used for rollout and training.
         loss: the policy loss name (losses registry) and ``loss_params`` its parameters.
         beta: KL weight against the reference (0: no reference calls).
         batch_size: samples per no-grad forward when recomputing state.
-        autocast: zero-argument context factory around model calls.
         kl: the KL estimator's name (:mod:`flowgrpo.rl.kl`; ``""``: the objective's default).
         params: the trainable parameters (objectives that keep snapshots of them).
         seed: the run seed (objectives that draw noise).
     """
 
-    adapter: FlowAdapter
+    session: ModelSession
     sampler: samplers.Sampler
-    guidance: float = 1.0
     loss: str = "clip"
     loss_params: dict = field(default_factory=dict)
     beta: float = 0.0
     batch_size: int = 32
-    autocast: Callable = field(default=nullcontext)
     kl: str = ""
     params: list = field(default_factory=list)
     seed: int = 0
+
+    @property
+    def adapter(self) -> FlowAdapter:
+        return self.session.adapter
+
+    @property
+    def guidance(self) -> float:
+        return self.session.guidance
+
+    @property
+    def autocast(self) -> Callable:
+        return self.session.autocast
 
 
 class Objective:
