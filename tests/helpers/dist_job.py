@@ -1,16 +1,20 @@
-"""Run by test_distributed under ``accelerate launch --multi_gpu --num_processes 2`` on CPU."""
+"""Run by test_distributed under ``accelerate launch --multi_gpu --num_processes 2`` on CPU.
+
+Ends its process group through :func:`helpers.jobs.run` (a live gloo group at interpreter exit
+can abort a rank; the reason is written there)."""
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helpers package
 
-from conftest import register_brightness  # noqa: E402
-
-from flowgrpo.config.io import from_dict
-from flowgrpo.training.trainer import Trainer
+from flowgrpo.config.io import from_dict  # noqa: E402
+from flowgrpo.training.trainer import Trainer  # noqa: E402
+from helpers.jobs import run  # noqa: E402
+from helpers.tiny_runs import register_brightness  # noqa: E402
 
 
 def main(model_dir: str, out: str) -> None:
@@ -33,10 +37,4 @@ def main(model_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1], sys.argv[2])
-    finally:
-        # gloo keeps threads of its own: a group still alive while the interpreter tears down
-        # can end a rank in std::terminate (SIGABRT) after its work is done and written
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    run(main, sys.argv[1], sys.argv[2])

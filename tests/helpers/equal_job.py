@@ -3,17 +3,23 @@
 ``accelerate launch``.
 
 Rank 0 writes ``OUT/record.safetensors``: per epoch the gathered initial noise, final latents,
-rewards and advantages (global order), and the trainable weights after the run.
+rewards and advantages (global order), and the trainable weights after the run. Ends its
+process group through :func:`helpers.jobs.run` (a live gloo group at interpreter exit can abort
+a rank; the reason is written there).
 """
 
 import sys
+from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from flowgrpo.config.io import load_config
-from flowgrpo.distributed import unwrap
-from flowgrpo.training.trainer import Trainer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helpers package
+
+from flowgrpo.config.io import load_config  # noqa: E402
+from flowgrpo.distributed import unwrap  # noqa: E402
+from flowgrpo.training.trainer import Trainer  # noqa: E402
+from helpers.jobs import run  # noqa: E402
 
 
 def main(out: str, batch: int, epochs: int = 2, resume: bool = False) -> None:
@@ -48,11 +54,5 @@ def main(out: str, batch: int, epochs: int = 2, resume: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1], int(sys.argv[2]), *(int(a) for a in sys.argv[3:4]),
-             *(a == "resume" for a in sys.argv[4:5]))
-    finally:
-        # gloo keeps threads of its own: a group still alive while the interpreter tears down
-        # can end a rank in std::terminate (SIGABRT) after its work is done and written
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    run(main, sys.argv[1], int(sys.argv[2]), *(int(a) for a in sys.argv[3:4]),
+        *(a == "resume" for a in sys.argv[4:5]))

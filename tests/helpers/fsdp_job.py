@@ -9,6 +9,10 @@ FSDP2 path does (every ``_no_split_modules`` block, then the root).
 Each process trains on its half of one global batch for ``STEPS`` AdamW steps; FSDP2 averages
 the gradients, so the gathered weights equal those of :func:`reference`, the same training in
 one process without sharding. Writes ``OUT/rank<R>.json`` and ``OUT/rank<R>.safetensors``.
+
+Ends its process group through :func:`helpers.jobs.run`: this is the job that once aborted at
+exit ("terminate called without an active exception", a rank's SIGABRT in gloo teardown), and
+the reason is written there.
 """
 
 from __future__ import annotations
@@ -182,11 +186,8 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        main(sys.argv[1])
-    finally:
-        # gloo keeps threads of its own: a group still alive while the interpreter tears down
-        # can end a rank in std::terminate (SIGABRT) after its work is done and written
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    root = Path(__file__).resolve().parents[2]
+    sys.path[:0] = [str(root), str(root / "tests")]  # this checkout's packages, the helpers
+    from helpers.jobs import run
+
+    run(main, sys.argv[1])
