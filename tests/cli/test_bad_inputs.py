@@ -22,8 +22,9 @@ from flowgrpo.cli.main import main
 from flowgrpo.config.io import parse_yaml
 from flowgrpo.errors import ConfigError
 from flowgrpo.training.hub import resolve_path
+from helpers import ROOT
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = ROOT
 DIGITS = f"digits ({resolve_path('digits')})"
 
 

@@ -2,9 +2,9 @@
 
 import pytest
 import yaml
-from conftest import write_tiny_config
 
 from flowgrpo.cli.main import main
+from helpers.tiny_runs import write_tiny_config
 
 
 @pytest.fixture

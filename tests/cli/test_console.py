@@ -10,17 +10,16 @@ import os
 import subprocess
 import sys
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_tiny_config
 
 from flowgrpo import console
+from helpers import ROOT
+from helpers.tiny_runs import write_tiny_config
 
 LIBRARY_LOGGERS = ("diffusers", "transformers")
 LORA_KEYS_WARNING = "No LoRA keys associated to"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _hub_bars_disabled() -> bool:
@@ -86,9 +85,8 @@ def messages(caplog) -> list[str]:
 
 
 def tiny_sd3():
-    from tiny import tiny_sd3_pipeline
-
     import pipelines
+    from helpers.tiny import tiny_sd3_pipeline
 
     return pipelines.load("sd3", None, pipeline=tiny_sd3_pipeline())
 
@@ -166,8 +164,9 @@ def test_transformer_without_load_lora_adapter_goes_through_the_pipeline():
 
 def test_normal_drops_only_the_known_harmless_messages(lora_dir, caplog):
     from diffusers.utils.logging import get_logger
-    from tiny import tiny_sd3_pipeline
     from transformers.utils.logging import get_logger as transformers_logger
+
+    from helpers.tiny import tiny_sd3_pipeline
 
     console.configure(console.NORMAL)
     with library_log(caplog):

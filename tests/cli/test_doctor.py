@@ -18,10 +18,8 @@ def plugged():
     def loudness(media, prompts, metadata):
         return media.data.abs().mean(dim=(1, 2))
 
-    name = REWARDS.add(loudness)
-    yield name
-    REWARDS._items.pop(name)
-    REWARDS._origins.pop(name)
+    with REWARDS.snapshot():
+        yield REWARDS.add(loudness)
 
 
 def test_doctor_runs_offline_and_lists_what_it_should(monkeypatch, plugged, capsys):

@@ -14,9 +14,9 @@ import pytest
 
 from flowgrpo.config.io import DEFAULT_CONFIG, recipes, resolve_config
 from flowgrpo.data.files import SHIPPED, shipped_file
+from helpers import ROOT
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 

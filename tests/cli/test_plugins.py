@@ -4,11 +4,11 @@ the one-line errors of references that cannot be loaded."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import re
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,9 +22,9 @@ from flowgrpo.cli.main import main
 from flowgrpo.config.io import load_config
 from flowgrpo.errors import ConfigError, PluginError
 from flowgrpo.registry import Registry, UnknownNameError
+from helpers import ROOT
 from reward_models import REWARDS, Media
 
-ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 # the README's custom reward and its YAML, as the README shows them
 SHARPNESS = re.search(r"```python\n# my_rewards.py\n(.*?)```", README, re.S).group(1)
@@ -34,13 +34,12 @@ README_YAML = re.search(r"```yaml\n(reward:\n.*?)```", README, re.S).group(1)
 @pytest.fixture(autouse=True)
 def restore_registries():
     """Every registry as it was before the test (references resolved, callables added)."""
-    saved = [(reg, dict(reg._items), dict(reg._origins)) for _, reg in registries()]
-    yield
-    for reg, items, origins in saved:
-        reg._items.clear()
-        reg._items.update(items)
-        reg._origins.clear()
-        reg._origins.update(origins)
+    kept = [reg for _, reg in registries()]
+    with contextlib.ExitStack() as stack:
+        for reg in kept:
+            stack.enter_context(reg.snapshot())
+        yield
+    for reg in kept:
         reg.rescan()
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 PACKAGES = ("flowgrpo", "pipelines", "reward_models", "samplers")
 PICKLERS = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle"}
 IMPORTERS = {"__import__", "import_module"}

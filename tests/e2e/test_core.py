@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-from test_trainer import make_config
 
 import samplers
 from flowgrpo.config.io import load_config
@@ -22,18 +21,8 @@ from flowgrpo.rl.rollout import RolloutSpec, rollout, solve
 from flowgrpo.rl.step_selection import STEP_SELECTIONS
 from flowgrpo.seeding import hash_seed
 from flowgrpo.training.trainer import Trainer
-
-TOY = ["train.batch_size=16", "train.group_size=4", "run.tensorboard=false",
-       "run.progress=false", "data.eval_images_per_prompt=1"]
-
-
-def toy_trainer(tmp_path, *overrides: str) -> Trainer:
-    return Trainer(load_config(None, [f"run.output_dir={tmp_path}", *TOY, *overrides]))
-
-
-def lora(t: Trainer) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in t.adapter.transformer.named_parameters()
-            if "lora_" in n}
+from helpers.tiny_runs import make_config
+from helpers.toy import assert_ratio_one, lora, toy_trainer
 
 
 def reference_update(t: Trainer, batch, adv: torch.Tensor, epoch: int) -> dict:
@@ -101,28 +90,6 @@ def contract_cases() -> list[tuple[str, str, str, int]]:
                     continue
                 cases.append((o, s, c, v))
     return cases
-
-
-def assert_ratio_one(t: Trainer) -> dict:
-    """Run the objective on every unit of one rollout batch before any update; every ratio is 1."""
-    batch = t.sample(0)
-    t.views.extend(t, batch, 0)
-    adv, metrics = t.advantages(batch)
-    from flowgrpo.training.trainer import canonical_advantages
-
-    batch.advantages = canonical_advantages(adv, batch)
-    state = t.objective.prepare(batch)
-    idx = torch.arange(len(batch.groups))
-    units = t.objective.units(batch)
-    assert units
-    for unit in units:
-        _, out = t.objective.loss(batch, state, idx, unit)
-        if "train/ratio_max" in out:
-            assert abs(float(out["train/ratio_max"]) - 1) <= 1e-6, unit
-            assert abs(float(out["train/ratio_min"]) - 1) <= 1e-6, unit
-        else:  # a ratio-free objective's analogue: the policy equals the old policy
-            assert float(out["train/old_gap"]) <= 1e-6, unit
-    return metrics
 
 
 @pytest.mark.parametrize("objective,selection,credit,views", contract_cases(),

@@ -6,13 +6,17 @@ import sys
 
 import pytest
 
+from helpers import ROOT
+
+HELPERS = ROOT / "tests" / "helpers"
+
 
 @pytest.mark.slow
 def test_two_process_training_on_cpu(tiny_sd3_dir, tmp_path):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
            "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
            "--dynamo_backend", "no", "--main_process_port", "29517",
-           str(__file__).replace("test_distributed.py", "dist_job.py"), tiny_sd3_dir,
+           str(HELPERS / "dist_job.py"), tiny_sd3_dir,
            str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

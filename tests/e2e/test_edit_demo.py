@@ -13,8 +13,9 @@ from flowgrpo.cli.main import main
 from flowgrpo.config.io import load_config
 from flowgrpo.data.prompts import load_prompts
 from flowgrpo.run.tracking import read_metrics
+from helpers import ROOT
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "digit_edit.yaml"
+CONFIG = ROOT / "configs" / "digit_edit.yaml"
 
 
 def test_the_shipped_edit_model_and_its_sources_load():

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from flowgrpo import distributed as engines
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "accelerate"
 # file: (distributed_type, processes in all, machines)
 EXPECTED = {
@@ -111,8 +111,9 @@ def test_fsdp_config_wraps_each_familys_transformer_blocks(monkeypatch, family, 
     which reaches the processes as ``FSDP_TRANSFORMER_CLS_TO_WRAP``)."""
     from accelerate.utils import FullyShardedDataParallelPlugin
     from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
-    from tiny import tiny_sd3_pipeline
-    from tiny_families import tiny_ace_step_pipeline, tiny_flux_pipeline, tiny_wan_pipeline
+
+    from helpers.tiny import tiny_sd3_pipeline
+    from helpers.tiny_families import tiny_ace_step_pipeline, tiny_flux_pipeline, tiny_wan_pipeline
 
     build = {"sd3": tiny_sd3_pipeline, "flux": tiny_flux_pipeline, "wan": tiny_wan_pipeline,
              "ace_step": tiny_ace_step_pipeline}
@@ -267,8 +268,9 @@ def test_fsdp2_lora_on_two_cpu_processes(tmp_path):
     """Two processes launched with configs/accelerate/fsdp.yaml shard a LoRA model with
     ``fully_shard`` over gloo, train 2 steps and gather full weights, LoRA and optimizer state
     equal to the same training in one process."""
-    import fsdp_job
     from safetensors.torch import load_file
+
+    from helpers import fsdp_job
 
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(CONFIGS / "fsdp.yaml"), "--num_processes", "2", "--main_process_port", "29527",

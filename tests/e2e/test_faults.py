@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_resume import config, stable, weights
 
 from flowgrpo.config.schema import RewardConfig, RunConfig
 from flowgrpo.errors import RunError
 from flowgrpo.run.tracking import read_metrics
 from flowgrpo.training.reward_runner import RewardRunner, RewardStop
 from flowgrpo.training.trainer import Trainer
-from reward_models import REWARDS, RewardOutput, register
+from helpers.toy import config, stable, weights
+from reward_models import REWARDS, RewardOutput
 
 
 class Adapter:
@@ -42,9 +42,8 @@ def faulty():
 
         return reward
 
-    register("faulty_test")(factory)
-    yield state
-    REWARDS._items.pop("faulty_test")
+    with REWARDS.registered("faulty_test", factory):
+        yield state
 
 
 def runner(**run) -> RewardRunner:

@@ -2,7 +2,7 @@
 restructured, key by key (``time/*`` aside).
 
 The recorded rows live in ``tests/assets/golden_metrics.json``. A change that is meant to alter a
-method's numbers re-records them on purpose, with ``python tests/test_golden_metrics.py``, and
+method's numbers re-records them on purpose, with ``python tests/e2e/test_golden_metrics.py``, and
 says so in its commit message.
 """
 
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-GOLDEN = Path(__file__).parent / "assets" / "golden_metrics.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "assets" / "golden_metrics.json"
+"""Not ``helpers.ASSETS``: this file also runs as a script, where ``tests/`` is not on the path."""
 
 _COMMON = ["run.epochs=4", "run.eval_every=4", "run.save_every=0", "run.progress=false",
            "run.tensorboard=false", "data.eval_images_per_prompt=2"]

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_resume import stable
 
 from flowgrpo.run import checkpoint as ckpt
 from flowgrpo.run.tracking import read_metrics
+from helpers.toy import stable
 
 EPOCHS = 8
 SETTINGS = ["train.batch_size=8", "train.group_size=4", "sampler.num_steps=4",

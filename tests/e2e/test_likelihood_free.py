@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_core import assert_ratio_one, toy_trainer
 
 import samplers
 from flowgrpo.rl import kl as kl_lib
@@ -13,6 +12,7 @@ from flowgrpo.rl.losses import LOSSES
 from flowgrpo.rl.objectives.likelihood_free import draw, weighted_lp
 from flowgrpo.rl.rollout import model_velocity
 from flowgrpo.training.trainer import Trainer, canonical_advantages
+from helpers.toy import assert_ratio_one, toy_trainer
 
 ODE = ["sampler.name=ode", "sampler.params={}"]
 

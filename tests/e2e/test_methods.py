@@ -4,10 +4,10 @@ for its defining property."""
 from __future__ import annotations
 
 import torch
-from test_core import lora, toy_trainer
 
 import samplers
 from flowgrpo.rl import step_selection as steps
+from helpers.toy import lora, toy_trainer
 from samplers.analytic import GaussianFlow
 
 

@@ -5,13 +5,14 @@ processes."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-JOB = str(Path(__file__).with_name("equal_job.py"))
+from helpers import ROOT
+
+JOB = str(ROOT / "tests" / "helpers" / "equal_job.py")
 
 
 def job(*args: str, processes: int = 1) -> subprocess.CompletedProcess:

@@ -17,23 +17,7 @@ from flowgrpo.run import checkpoint as ckpt
 from flowgrpo.run import resume as resume_lib
 from flowgrpo.run.tracking import read_metrics
 from flowgrpo.training.trainer import Trainer
-
-TOY = ["train.batch_size=8", "train.group_size=4", "run.tensorboard=false",
-       "run.progress=false", "data.eval_images_per_prompt=1", "sampler.num_steps=4",
-       "run.eval_every=2", "run.save_every=1", "run.keep_checkpoints=3"]
-
-
-def config(run_dir, *overrides: str):
-    return load_config(None, [f"run.output_dir={run_dir}", *TOY, *overrides])
-
-
-def weights(t: Trainer) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in t.params]
-
-
-def stable(rows: list[dict]) -> list[dict]:
-    """Metrics rows without the wall-clock timings."""
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+from helpers.toy import config, stable, weights
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 import reward_models
+from helpers import ROOT
 from pipelines.toy import (
     DIGITS_MODEL,
     GUIDANCE,
@@ -36,7 +36,7 @@ from reward_models.digits import (
 if TYPE_CHECKING:
     from diffusers import StableDiffusion3Pipeline
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = ROOT / "scripts"
 
 
 def _script(name: str) -> ModuleType:

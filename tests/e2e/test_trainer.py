@@ -5,23 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flowgrpo.config.io import from_dict
 from flowgrpo.rl.replay import replay_step
-
-
-def make_config(path, out, reward_name, **sections):
-    data = {
-        "model": {"path": path, "lora_rank": 4, "lora_alpha": 4},
-        "reward": {"name": reward_name},
-        "data": {"prompts": "digits", "eval_images_per_prompt": 2},
-        "train": {"group_size": 4, "batch_size": 8, "lr": 1e-3},
-        "sampler": {"num_steps": 4},
-        "run": {"epochs": 2, "eval_every": 1, "save_every": 1, "output_dir": str(out),
-                "progress": False, "tensorboard": False},
-    }
-    for key, value in sections.items():
-        data[key].update(value)
-    return from_dict(data)
+from helpers.tiny_runs import make_config
 
 
 def trainer_for(path, out, reward_name, **sections):
@@ -168,13 +153,10 @@ def test_an_epoch_with_only_equal_rewards_trains_nothing_and_logs(tiny_sd3_dir, 
     from flowgrpo.run.tracking import read_metrics
     from reward_models import REWARDS, RewardOutput
 
-    REWARDS.register("constant_test")(lambda: lambda media, prompts, metadata: RewardOutput(
-        torch.ones(len(prompts))))
-    try:
+    with REWARDS.registered("constant_test", lambda: lambda media, prompts, metadata:
+                            RewardOutput(torch.ones(len(prompts)))):
         trainer_for(tiny_sd3_dir, tmp_path, "constant_test",
                     run={"epochs": 1, "save_every": 0, "progress": True}).train()
-    finally:
-        REWARDS._items.pop("constant_test")
     row = read_metrics(tmp_path)[-1]
     assert row["rollout/zero_std_frac"] == 1.0 and row["train/samples"] == 0
 

@@ -3,6 +3,7 @@ unchanged trainer, and region rewards move the log-prob only where the regions d
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import pipelines
@@ -70,16 +71,13 @@ def brightness():
     return lambda media, prompts, metadata: RewardOutput(media.data.mean(dim=(1, 2, 3)))
 
 
-def setup_module():
-    pipelines.register("pointwise_test")(PointwiseAdapter)
-    REWARDS.register("quadrant_test")(quadrant_reward)
-    REWARDS.register("bright_test")(brightness)
-
-
-def teardown_module():
-    pipelines.FAMILIES._items.pop("pointwise_test")
-    REWARDS._items.pop("quadrant_test")
-    REWARDS._items.pop("bright_test")
+@pytest.fixture(scope="module", autouse=True)
+def plugged():
+    """The test family and rewards, registered for this module's tests only."""
+    with (pipelines.FAMILIES.registered("pointwise_test", PointwiseAdapter),
+          REWARDS.registered("quadrant_test", quadrant_reward),
+          REWARDS.registered("bright_test", brightness)):
+        yield
 
 
 def config(tmp_path, reward, **train):
@@ -178,8 +176,7 @@ def test_an_image_conditioned_family_encodes_each_prompt_with_its_own_source(tmp
     items = load_prompts(str(rows))
     assert [m["image"] for _, m in items] == [str((tmp_path / "src" / n).resolve())
                                               for n in ("dark.png", "light.png")]
-    pipelines.register("source_image_test")(SourceImageAdapter)
-    try:
+    with pipelines.FAMILIES.registered("source_image_test", SourceImageAdapter):
         cfg = config(tmp_path / "run", "bright_test")
         cfg.data.prompts, cfg.model.family = str(rows), "source_image_test"
         cfg.train.batch_size, cfg.train.group_size = 4, 2
@@ -194,8 +191,6 @@ def test_an_image_conditioned_family_encodes_each_prompt_with_its_own_source(tmp
         t._cond_cache.clear()
         t.evaluator.run(0)
         assert set(SourceImageAdapter.reads) == {m["image"] for _, m in items}
-    finally:
-        pipelines.FAMILIES._items.pop("source_image_test")
 
 
 def test_a_missing_source_image_names_its_line(tmp_path):

@@ -23,6 +23,8 @@ pytest.importorskip("vocos", reason="vocos (F5-TTS's vocoder) is not installed")
 import samplers  # noqa: E402
 from flowgrpo.rl.replay import replay_step
 from flowgrpo.rl.rollout import RolloutSpec, rollout
+from flowgrpo.testing import check_family_contract
+from helpers.family_cases import euler_rollout as shared_euler_rollout
 from pipelines.base import LOGPROB_WEIGHT  # noqa: E402
 from pipelines.f5_tts import (  # noqa: E402
     F5TTSAdapter,
@@ -32,13 +34,6 @@ from pipelines.f5_tts import (  # noqa: E402
     vocos_from_config,
 )
 from pipelines.media_io import load_wav, save_wav  # noqa: E402
-
-try:
-    from tests.test_families import euler_rollout as shared_euler_rollout
-    from tests.test_family_contract import check_family_contract
-except ImportError:  # tests/ itself is on sys.path (pytest's default import mode)
-    from test_families import euler_rollout as shared_euler_rollout
-    from test_family_contract import check_family_contract
 
 pytestmark = pytest.mark.filterwarnings(  # x-transformers' import-time torch.jit.script
     "ignore:`torch.jit.script` is deprecated:FutureWarning")
@@ -356,7 +351,7 @@ def test_a_prompt_longer_than_the_clip_is_refused():
 
 @pytest.mark.slow
 def test_family_contract(tmp_path):
-    """tests/test_family_contract.py for this family: load from a saved folder through the
+    """tests/families/test_family_contract.py for this family: load from a saved folder through the
     trainer, ratio 1 before any update for each stochastic sampler, decode, reward, one LoRA
     update that changes only the LoRA weights, a checkpoint whose LoRA loads back."""
     folder = tmp_path / "model"

@@ -9,134 +9,18 @@ reproduces the adapter's outputs. Plus decode shapes/ranges, region maps and med
 from __future__ import annotations
 
 import wave
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 import torch
 
 import pipelines
-from pipelines import (
-    AceStepAdapter,
-    FluxAdapter,
-    HunyuanVideoAdapter,
-    LongCatTTSAdapter,
-    QwenImageAdapter,
-    WanAdapter,
-)
+from helpers.family_cases import CASES, PROMPTS, euler_rollout, pipeline_latents
+from helpers.tiny_families import tiny_wan_pipeline
+from pipelines import WanAdapter
 from pipelines.flux import pack_latents, unpack_latents
-from pipelines.flux_kontext import FluxKontextAdapter
 from pipelines.media_io import save_video, save_wav
-from pipelines.sd3 import SD3Adapter
 
-try:
-    from tests.tiny import tiny_sd3_pipeline
-    from tests.tiny_editing import tiny_flux_kontext_pipeline
-    from tests.tiny_families import (
-        tiny_ace_step_pipeline,
-        tiny_flux_pipeline,
-        tiny_longcat_tts_pipeline,
-        tiny_wan_pipeline,
-    )
-    from tests.tiny_video import (
-        HUNYUAN_TEMPLATE,
-        tiny_hunyuan_video_pipeline,
-        tiny_qwen_image_pipeline,
-    )
-except ImportError:  # tests/ itself is on sys.path (pytest's default import mode)
-    from tiny import tiny_sd3_pipeline
-    from tiny_editing import tiny_flux_kontext_pipeline
-    from tiny_families import (
-        tiny_ace_step_pipeline,
-        tiny_flux_pipeline,
-        tiny_longcat_tts_pipeline,
-        tiny_wan_pipeline,
-    )
-    from tiny_video import (
-        HUNYUAN_TEMPLATE,
-        tiny_hunyuan_video_pipeline,
-        tiny_qwen_image_pipeline,
-    )
-
-PROMPTS = ["a red cube on a table", "two dogs"]
-STEPS = 5
 TOL = 1e-4
-
-
-@dataclass
-class Case:
-    """One family on its tiny pipeline: how to build the adapter and call the pipeline alike."""
-
-    build: Callable[..., Any]
-    adapter: Callable[..., pipelines.FlowAdapter]
-    options: dict[str, Any] = field(default_factory=dict)  # adapter options
-    call: dict[str, Any] = field(default_factory=dict)  # matching pipeline __call__ arguments
-    output: str = "images"  # the pipeline output's field
-
-    def make(self, build: dict | None = None, **options: Any) -> pipelines.FlowAdapter:
-        """A fresh tiny pipeline (same weights every call) wrapped in the adapter."""
-        pipe = self.build(seed=0, **(build or {}))
-        pipe.set_progress_bar_config(disable=True)
-        return self.adapter(pipeline=pipe, **{**self.options, **options})
-
-
-CASES = {
-    "sd3": Case(tiny_sd3_pipeline, SD3Adapter, call=dict(height=16, width=16)),
-    "flux": Case(
-        tiny_flux_pipeline, FluxAdapter, dict(height=16, width=16, max_sequence_length=16),
-        dict(height=16, width=16, max_sequence_length=16),
-    ),
-    "wan": Case(
-        tiny_wan_pipeline, WanAdapter,
-        dict(height=16, width=16, num_frames=5, max_sequence_length=16),
-        dict(height=16, width=16, num_frames=5, max_sequence_length=16), output="frames",
-    ),
-    "ace_step": Case(
-        tiny_ace_step_pipeline, AceStepAdapter, dict(audio_duration=4.0, shift=3.0),
-        dict(audio_duration=4.0, shift=3.0, lyrics=[""] * len(PROMPTS)), output="audios",
-    ),
-    "longcat_tts": Case(  # 0.1 s at 1 kHz -> 12 latent frames; latents set the pipeline's length
-        tiny_longcat_tts_pipeline, LongCatTTSAdapter, dict(audio_duration=0.1), output="audios",
-    ),
-    "hunyuan_video": Case(
-        tiny_hunyuan_video_pipeline, HunyuanVideoAdapter,
-        dict(height=16, width=16, num_frames=5, max_sequence_length=24,
-             prompt_template=HUNYUAN_TEMPLATE),
-        dict(height=16, width=16, num_frames=5, max_sequence_length=24,
-             prompt_template=HUNYUAN_TEMPLATE),
-        output="frames",
-    ),
-    "flux_kontext": Case(  # its text-to-image path; edits: tests/test_families_editing.py
-        tiny_flux_kontext_pipeline, FluxKontextAdapter,
-        dict(height=16, width=16, max_sequence_length=16),
-        dict(height=16, width=16, max_sequence_length=16, max_area=256),
-    ),
-    "qwen_image": Case(tiny_qwen_image_pipeline, QwenImageAdapter, dict(height=32, width=32),
-                       dict(height=32, width=32)),
-}
-
-
-def euler_rollout(adapter: pipelines.FlowAdapter, x: torch.Tensor, guidance: float,
-                  steps: int = STEPS, prompts: list[str] = PROMPTS) -> torch.Tensor:
-    """The Euler ODE ``x <- x + (s' - s) v`` over the adapter's schedule, in float32."""
-    cond = adapter.encode(prompts)
-    sigmas = adapter.schedule(steps)
-    y = x.clone()
-    with torch.no_grad():
-        for k in range(steps):
-            v = adapter.velocity(y, sigmas[k].expand(y.shape[0]), cond, guidance).float()
-            y = y + (sigmas[k + 1] - sigmas[k]) * v
-    return y
-
-
-def pipeline_latents(case: Case, adapter: pipelines.FlowAdapter, x: torch.Tensor,
-                     guidance: float, **extra: Any) -> torch.Tensor:
-    out = adapter.pipeline(
-        prompt=list(PROMPTS), num_inference_steps=STEPS, guidance_scale=guidance,
-        latents=x.clone(), output_type="latent", **case.call, **extra,
-    )
-    return getattr(out, case.output)
 
 
 PARITY = [  # (family, guidance, build kwargs, adapter options, extra pipeline arguments)

@@ -20,21 +20,16 @@ import torch
 import pipelines
 from flowgrpo.config.io import from_dict
 from flowgrpo.rl.replay import replay_step
+from flowgrpo.testing import check_family_contract
+from helpers.tiny_editing import (
+    KLEIN_LAYERS,
+    tiny_flux2_klein_pipeline,
+    tiny_flux_kontext_pipeline,
+)
 from pipelines.flux import pack_latents
 from pipelines.flux2 import Flux2KleinAdapter, patch_tokens
 from pipelines.flux_kontext import FluxKontextAdapter
 from reward_models import REWARDS, RewardOutput
-
-try:
-    from tests.test_family_contract import check_family_contract
-    from tests.tiny_editing import (
-        KLEIN_LAYERS,
-        tiny_flux2_klein_pipeline,
-        tiny_flux_kontext_pipeline,
-    )
-except ImportError:  # tests/ itself is on sys.path (pytest's default import mode)
-    from test_family_contract import check_family_contract
-    from tiny_editing import KLEIN_LAYERS, tiny_flux2_klein_pipeline, tiny_flux_kontext_pipeline
 
 PROMPTS = ["a red cube on a table", "two dogs"]
 STEPS = 4
@@ -403,12 +398,11 @@ def corner():
     return reward
 
 
-def setup_module():
-    REWARDS.register("corner_edit_test")(corner)
-
-
-def teardown_module():
-    REWARDS._items.pop("corner_edit_test")
+@pytest.fixture(scope="module", autouse=True)
+def corner_edit_reward():
+    """``corner_edit_test`` registered for this module's tests only."""
+    with REWARDS.registered("corner_edit_test", corner):
+        yield
 
 
 def edit_setup(family: str, tmp_path) -> tuple[Any, Any]:
@@ -428,7 +422,7 @@ def edit_setup(family: str, tmp_path) -> tuple[Any, Any]:
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["flux_kontext", "flux2_klein"])
 def test_family_contract(family, tmp_path):
-    """tests/test_family_contract.py's contract on a prompt set of edits: every stochastic
+    """tests/families/test_family_contract.py's contract on a prompt set of edits: every stochastic
     sampler replays with ratio 1, one update changes only LoRA weights, the checkpoint's LoRA
     loads back (velocities compared with the samples' own source images)."""
     folder, rows = edit_setup(family, tmp_path)

@@ -13,48 +13,20 @@ import torch
 
 import pipelines
 from flowgrpo.rl.reference import reference
+from flowgrpo.testing import check_family_contract
+from helpers.family_cases import (
+    PROMPTS,
+    STEPS,
+    WAN22_A14B,
+    euler_rollout,
+    pipeline_latents,
+)
+from helpers.family_cases import VARIANT_CASES as CASES
+from helpers.tiny_video import tiny_wan22_a14b_pipeline
 from pipelines.flux import pack_latents
-from pipelines.hunyuan_video import HunyuanVideoAdapter
-from pipelines.qwen_image import QwenImageAdapter
 from pipelines.wan import WanAdapter
 
-try:
-    from tests.test_families import PROMPTS, STEPS, Case, euler_rollout, pipeline_latents
-    from tests.test_family_contract import check_family_contract
-    from tests.tiny_video import (
-        HUNYUAN_TEMPLATE,
-        tiny_hunyuan_video_pipeline,
-        tiny_qwen_image_pipeline,
-        tiny_wan22_a14b_pipeline,
-        tiny_wan22_ti2v_pipeline,
-    )
-except ImportError:  # tests/ itself is on sys.path (pytest's default import mode)
-    from test_families import PROMPTS, STEPS, Case, euler_rollout, pipeline_latents
-    from test_family_contract import check_family_contract
-    from tiny_video import (
-        HUNYUAN_TEMPLATE,
-        tiny_hunyuan_video_pipeline,
-        tiny_qwen_image_pipeline,
-        tiny_wan22_a14b_pipeline,
-        tiny_wan22_ti2v_pipeline,
-    )
-
 TOL = 1e-5
-WAN22_TI2V = dict(height=32, width=64, num_frames=5, max_sequence_length=16)
-WAN22_A14B = dict(height=16, width=16, num_frames=5, max_sequence_length=16)
-HUNYUAN = dict(height=16, width=16, num_frames=5, max_sequence_length=24,
-               prompt_template=HUNYUAN_TEMPLATE)
-QWEN = dict(height=32, width=32)
-
-CASES = {  # name: (family, case)
-    "wan22_ti2v": ("wan", Case(tiny_wan22_ti2v_pipeline, WanAdapter, WAN22_TI2V, WAN22_TI2V,
-                               output="frames")),
-    "wan22_a14b": ("wan", Case(tiny_wan22_a14b_pipeline, WanAdapter, WAN22_A14B, WAN22_A14B,
-                               output="frames")),
-    "hunyuan_video": ("hunyuan_video", Case(tiny_hunyuan_video_pipeline, HunyuanVideoAdapter,
-                                            HUNYUAN, HUNYUAN, output="frames")),
-    "qwen_image": ("qwen_image", Case(tiny_qwen_image_pipeline, QwenImageAdapter, QWEN, QWEN)),
-}
 TRUE_CFG = {"true_cfg_scale": 3.0, "negative_prompt": "blurry"}
 QWEN_CFG = {"true_cfg_scale": 4.0, "negative_prompt": " "}  # the adapter's default negative
 
@@ -400,7 +372,7 @@ def test_load_from_a_local_folder(name, tmp_path):
         torch.testing.assert_close(a, b)
 
 
-# -- the family contract (tests/test_family_contract.py), on these pipelines ----------------------
+# -- the family contract (flowgrpo.testing.check_family_contract), on these pipelines ----------
 
 CONTRACT = [("wan22_ti2v", {}), ("wan22_a14b", {}), ("wan22_a14b", {"lora_expert": "low"}),
             ("hunyuan_video", {}), ("qwen_image", {})]

@@ -9,16 +9,11 @@ import torch
 import samplers
 from flowgrpo.rl.replay import replay_step
 from flowgrpo.rl.rollout import RolloutSpec, rollout
+from helpers.family_cases import CASES, PROMPTS, euler_rollout, pipeline_latents
+from helpers.tiny_families import tiny_longcat_tts_pipeline
 from pipelines import LongCatTTSAdapter
 from pipelines.base import LOGPROB_WEIGHT
 from pipelines.media_io import save_wav
-
-try:
-    from tests.test_families import CASES, PROMPTS, euler_rollout, pipeline_latents
-    from tests.tiny_families import tiny_longcat_tts_pipeline
-except ImportError:  # tests/ itself is on sys.path (pytest's default import mode)
-    from test_families import CASES, PROMPTS, euler_rollout, pipeline_latents
-    from tiny_families import tiny_longcat_tts_pipeline
 
 CASE = CASES["longcat_tts"]
 VOICE = torch.sin(torch.linspace(0, 60, 40)) * 0.3  # 40 samples at 1 kHz -> 5 frames

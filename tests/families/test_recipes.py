@@ -3,27 +3,21 @@ when the model path points at a tiny pipeline of the same family built in code."
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from flowgrpo.config.io import load_config
 from flowgrpo.data.prompts import load_prompts
 from flowgrpo.training.model_setup import load_adapter
-
-try:
-    from tests.test_families import CASES
-    from tests.test_families_next import CASES as NEXT_CASES
-except ImportError:  # tests/ itself is on sys.path (pytest's default import mode)
-    from test_families import CASES
-    from test_families_next import CASES as NEXT_CASES
+from helpers import ROOT
+from helpers.family_cases import CASES
+from helpers.family_cases import VARIANT_CASES as NEXT_CASES
 
 # Recipes of another variant of their family's tiny model (CASES["wan"] is Wan2.1).
 RECIPE_CASES = {"wan22_ti2v": NEXT_CASES["wan22_ti2v"][1],
                 "wan22_t2v_a14b": NEXT_CASES["wan22_a14b"][1]}
 
-CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 
 def test_recipes_are_found():

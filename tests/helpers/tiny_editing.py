@@ -1,7 +1,7 @@
 """Tiny image-editing pipelines built in code (no hub, no download), for tests.
 
 - :func:`tiny_flux_kontext_pipeline`: a ``FluxKontextPipeline`` on the tiny FLUX components of
-  ``tests/tiny_families.py`` (16x16 images, 8x8x4 VAE latents, 16 tokens of 16 channels).
+  ``tests/helpers/tiny_families.py`` (16x16 images, 8x8x4 VAE latents, 16 tokens of 16 channels).
 - :func:`tiny_flux2_klein_pipeline`: a ``Flux2KleinPipeline``: a 3-layer Qwen3 over a character
   tokenizer with a chat template, a 4-level ``AutoencoderKLFlux2`` (8x downsampling, 4 latent
   channels, so 64x64 images -> 8x8x4 latents -> 16 tokens of 16 channels) whose batch-norm
@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import torch
 
-try:
-    from tests.tiny_families import tiny_char_fast_tokenizer, tiny_flux_pipeline
-except ImportError:  # tests/ itself is on sys.path (pytest's default import mode)
-    from tiny_families import tiny_char_fast_tokenizer, tiny_flux_pipeline
+from helpers.tiny_families import tiny_char_fast_tokenizer, tiny_flux_pipeline
 
 # A minimal chat template: the klein pipeline renders every prompt as one user turn with
 # ``add_generation_prompt=True`` (and ``enable_thinking=False``, unused here).

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import torch
 
-try:
-    from tests.tiny import tiny_clip_tokenizer, tiny_vae
-except ImportError:  # tests/ itself is on sys.path (pytest's default import mode)
-    from tiny import tiny_clip_tokenizer, tiny_vae
+from helpers.tiny import tiny_clip_tokenizer, tiny_vae
 
 
 def tiny_clip_text_model(hidden: int = 32, seed: int = 0):

@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import torch
 
-try:
-    from tests.tiny import tiny_clip_tokenizer
-    from tests.tiny_families import tiny_char_fast_tokenizer, tiny_t5_encoder
-except ImportError:  # tests/ itself is on sys.path (pytest's default import mode)
-    from tiny import tiny_clip_tokenizer
-    from tiny_families import tiny_char_fast_tokenizer, tiny_t5_encoder
+from helpers.tiny import tiny_clip_tokenizer
+from helpers.tiny_families import tiny_char_fast_tokenizer, tiny_t5_encoder
 
 WAN22_Z = 8
 """Latent channels of the tiny Wan2.2 VAE (the real one has 48)."""

@@ -16,9 +16,14 @@ import tempfile
 
 import pytest
 import torch
-from test_rewards_models import tiny_aesthetic_head, tiny_clap_dir, tiny_hf_clip_dir, tiny_open_clip
 
 import reward_models
+from helpers.tiny_rewards import (
+    tiny_aesthetic_head,
+    tiny_clap_dir,
+    tiny_hf_clip_dir,
+    tiny_open_clip,
+)
 from reward_models import Media
 from reward_models.ocr import render_text
 

@@ -15,9 +15,9 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 import torch
-from http_stub import StubHandler, serving
 
 import reward_models
+from helpers.http_stub import StubHandler, serving
 from reward_models import Media, RewardFault, RewardOutput
 from reward_models import remote as remote_module
 from reward_models.async_pool import AsyncReward

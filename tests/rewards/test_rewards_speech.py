@@ -14,19 +14,19 @@ import functools
 import importlib.util
 import json
 import wave
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import helpers
 import reward_models
 import reward_models.speech as speech
 from flowgrpo.config.schema import RewardConfig, RunConfig
 from flowgrpo.training.reward_runner import RewardRunner
 from reward_models import Media
 
-ASSETS = Path(__file__).resolve().parent / "assets" / "speech"
+ASSETS = helpers.ASSETS / "speech"
 MANIFEST = json.loads((ASSETS / "clips.json").read_text())
 CLIPS = MANIFEST["clips"]
 VOCABULARY = ASSETS / "vocabulary.txt"

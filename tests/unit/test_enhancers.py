@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 
 import pytest
-from http_stub import StubHandler, serving
 
 from flowgrpo.registry import UnknownNameError
 from flowgrpo.rl import enhancers
+from helpers.http_stub import StubHandler, serving
 
 PROMPTS = ["a red dog on a beach", "two cats", "a red car near a dog"]
 

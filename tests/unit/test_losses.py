@@ -10,6 +10,7 @@ import torch
 from flowgrpo.registry import UnknownNameError
 from flowgrpo.rl import losses
 from flowgrpo.rl.losses import LOSSES
+from helpers.losses import run_loss
 
 METRIC_KEYS = {
     "train/clipfrac",
@@ -21,15 +22,6 @@ METRIC_KEYS = {
 ALL = LOSSES.names()
 
 
-def _run(name: str, log_ratio: list[float], adv: list[float], **params):
-    """Evaluate loss ``name`` at the given log-ratios; return ``(loss, grad wrt logp, metrics)``."""
-    logp_old = torch.linspace(-3.0, -1.0, len(log_ratio))
-    logp = (logp_old + torch.tensor(log_ratio)).requires_grad_(True)
-    loss, metrics = losses.get(name)(logp, logp_old, torch.tensor(adv), **params)
-    loss.backward()
-    return loss.detach(), logp.grad, metrics
-
-
 def test_registry_holds_the_losses():
     assert ALL == ["clip", "gate", "guard", "mhpo", "mu_grpo", "sapo", "stable"]
     with pytest.raises(UnknownNameError, match="clip, gate, guard, mhpo, mu_grpo, sapo, stable"):
@@ -39,7 +31,7 @@ def test_registry_holds_the_losses():
 @pytest.mark.parametrize("name", ALL)
 def test_ratio_one_is_grpo_gradient_and_nothing_clipped(name):
     adv = [1.5, -0.5, 0.0, -2.0, 1.0]
-    _, grad, metrics = _run(name, [0.0] * 5, adv)
+    _, grad, metrics = run_loss(name, [0.0] * 5, adv)
     torch.testing.assert_close(grad, -torch.tensor(adv) / 5)
     assert set(metrics) >= METRIC_KEYS
     for value in metrics.values():
@@ -55,7 +47,7 @@ def test_one_step_moves_logp_with_the_advantage_sign(name):
     # Inside every default trust region (|log r| << 1e-4), not exactly at ratio 1.
     log_ratio = [3e-5, -2e-5, 1e-5, -3e-5]
     adv = [1.0, 1.0, -1.0, -1.0]
-    _, grad, _ = _run(name, log_ratio, adv)
+    _, grad, _ = run_loss(name, log_ratio, adv)
     step = -0.1 * grad  # one gradient-descent step on logp
     assert (step[:2] > 0).all(), "positive advantage must raise the log-prob"
     assert (step[2:] < 0).all(), "negative advantage must lower the log-prob"
@@ -63,14 +55,14 @@ def test_one_step_moves_logp_with_the_advantage_sign(name):
 
 @pytest.mark.parametrize("name", ALL)
 def test_zero_advantage_gives_zero_gradient(name):
-    _, grad, _ = _run(name, [0.3, -0.2, 1e-5, 0.0], [0.0] * 4)
+    _, grad, _ = run_loss(name, [0.3, -0.2, 1e-5, 0.0], [0.0] * 4)
     assert torch.equal(grad, torch.zeros(4))
 
 
 @pytest.mark.parametrize("name", ["clip", "stable"])
 def test_clip_cuts_the_gradient_outside_the_trust_region(name):
     # Ratio e^0.5 far above 1 + clip_high with A > 0: no incentive to go further.
-    _, grad, metrics = _run(name, [0.5, 0.0], [1.0, 1.0], clip_low=0.2, clip_high=0.2)
+    _, grad, metrics = run_loss(name, [0.5, 0.0], [1.0, 1.0], clip_low=0.2, clip_high=0.2)
     assert grad[0] == 0
     assert grad[1] < 0
     assert metrics["train/clipfrac"] == pytest.approx(0.5)
@@ -79,8 +71,8 @@ def test_clip_cuts_the_gradient_outside_the_trust_region(name):
 def test_stable_clips_unconditionally_unlike_clip():
     # A < 0 with a huge (noisy) ratio: PPO's max keeps the unclipped term and its large gradient;
     # StableDRL cuts it whatever the advantage's sign.
-    _, grad_clip, _ = _run("clip", [3.0, 0.0], [-1.0, 1.0], clip_low=0.2, clip_high=0.2)
-    _, grad_stable, _ = _run("stable", [3.0, 0.0], [-1.0, 1.0], clip_low=0.2, clip_high=0.2)
+    _, grad_clip, _ = run_loss("clip", [3.0, 0.0], [-1.0, 1.0], clip_low=0.2, clip_high=0.2)
+    _, grad_stable, _ = run_loss("stable", [3.0, 0.0], [-1.0, 1.0], clip_low=0.2, clip_high=0.2)
     assert grad_clip[0] == pytest.approx(math.exp(3.0) / 2)
     assert grad_stable[0] == 0
 
@@ -92,7 +84,7 @@ BOUNDS = {"clip_low": 0.1, "clip_high": 0.2}
 
 
 def test_clip_matches_hand_computation():
-    loss, grad, m = _run("clip", [math.log(r) for r in RATIOS], ADV, **BOUNDS)
+    loss, grad, m = run_loss("clip", [math.log(r) for r in RATIOS], ADV, **BOUNDS)
     # max(-A r, -A clip(r)) per sample: [-1.2 (cut), 0.9 (cut), 2.1, -0.49, -0.5 (A > 0, r low:
     # the unclipped term is the pessimistic one, the gradient flows)].
     assert loss.item() == pytest.approx((-1.2 + 0.9 + 2.1 - 0.49 - 0.5) / 5, rel=1e-5)
@@ -107,7 +99,7 @@ def test_clip_matches_hand_computation():
 
 
 def test_stable_matches_hand_computation():
-    loss, grad, m = _run("stable", [math.log(r) for r in RATIOS], ADV, **BOUNDS)
+    loss, grad, m = run_loss("stable", [math.log(r) for r in RATIOS], ADV, **BOUNDS)
     rho = [1.2, 0.9, 1.05, 0.98, 0.9]  # clamped to [0.9, 1.2] whatever the advantage's sign
     total = sum(rho)  # 5.03, the self-normalizer
     weighted = 1.2 * 1 + 0.9 * -1 + 1.05 * -2 + 0.98 * 0.5 + 0.9 * 1
@@ -121,7 +113,7 @@ def test_stable_matches_hand_computation():
 def test_sapo_matches_hand_computation():
     ratios, adv = [2.0, 0.5, 1.05, 0.98], [1.0, -1.0, -2.0, 0.5]
     tau_pos, tau_neg = 2.0, 3.0
-    loss, grad, m = _run(
+    loss, grad, m = run_loss(
         "sapo", [math.log(r) for r in ratios], adv, tau_pos=tau_pos, tau_neg=tau_neg
     )
     taus = [tau_pos if a > 0 else tau_neg for a in adv]
@@ -137,13 +129,13 @@ def test_sapo_matches_hand_computation():
 
 def test_sapo_gate_slope_is_one_at_ratio_one_for_any_temperature():
     for tau in (0.5, 1.0, 1.05, 1.76e4):
-        _, grad, _ = _run("sapo", [0.0, 0.0], [1.0, -1.0], tau_pos=tau, tau_neg=tau)
+        _, grad, _ = run_loss("sapo", [0.0, 0.0], [1.0, -1.0], tau_pos=tau, tau_neg=tau)
         torch.testing.assert_close(grad, torch.tensor([-0.5, 0.5]))
 
 
 def test_guard_matches_hand_computation():
     # Log-ratios with batch mean 0.1; centred: [0.2, 0, -0.2, 0].
-    loss, grad, m = _run(
+    loss, grad, m = run_loss(
         "guard", [0.3, 0.1, -0.1, 0.1], [1.0, -1.0, -1.0, 2.0], clip_low=0.1, clip_high=0.1
     )
     # r~ = [e^0.2 = 1.22 (A > 0, cut: -1.1), 1 (1.0), e^-0.2 = 0.82 (A < 0, cut: 0.9), 1 (-2.0)].
@@ -157,8 +149,8 @@ def test_guard_clips_the_positive_sample_a_left_shift_hides_from_clip():
     # Every ratio drifted below 1 (GRPO-Guard's observation); the positive sample sits at raw
     # ratio 1, inside clip's region, yet 0.15 above the batch's centre.
     log_ratio, adv = [-0.2, -0.2, -0.2, 0.0], [-1.0, -1.0, -1.0, 3.0]
-    _, grad_clip, m_clip = _run("clip", log_ratio, adv, clip_low=0.1, clip_high=0.1)
-    _, grad_guard, m_guard = _run("guard", log_ratio, adv, clip_low=0.1, clip_high=0.1)
+    _, grad_clip, m_clip = run_loss("clip", log_ratio, adv, clip_low=0.1, clip_high=0.1)
+    _, grad_guard, m_guard = run_loss("guard", log_ratio, adv, clip_low=0.1, clip_high=0.1)
     assert grad_clip[3] < 0 and m_clip["train/clipfrac"] == 0.75  # negatives cut, positive not
     assert grad_guard[3] == 0 and m_guard["train/clipfrac"] == 0.25
     torch.testing.assert_close(grad_guard[:3], torch.full((3,), 0.25 * math.exp(-0.05)))
@@ -166,9 +158,9 @@ def test_guard_clips_the_positive_sample_a_left_shift_hides_from_clip():
 
 def test_guard_scale_multiplies_the_centred_log_ratio():
     adv = [1.0, -1.0]
-    _, grad, _ = _run("guard", [0.0, 0.0], adv, scale=2.0)
+    _, grad, _ = run_loss("guard", [0.0, 0.0], adv, scale=2.0)
     torch.testing.assert_close(grad, torch.tensor([-1.0, 1.0]))
-    _, grad, _ = _run("guard", [0.0, 0.0], adv, scale=torch.tensor([0.5, 3.0]))
+    _, grad, _ = run_loss("guard", [0.0, 0.0], adv, scale=torch.tensor([0.5, 3.0]))
     torch.testing.assert_close(grad, torch.tensor([-0.25, 1.5]))
 
 

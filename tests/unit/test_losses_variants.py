@@ -7,11 +7,11 @@ import math
 
 import pytest
 import torch
-from test_losses import _run
 
 from flowgrpo.rl import losses
 from flowgrpo.rl.losses import LOSSES
 from flowgrpo.rl.losses import variants as loss_variants
+from helpers.losses import run_loss
 
 NEW = ["gate", "mhpo", "mu_grpo"]
 GATES = ["sigmoid", "tanh", "arctan", "erf", "softsign"]
@@ -50,9 +50,9 @@ def test_new_losses_are_registered():
 )
 def test_ratio_one_is_grpo_gradient_with_the_shared_metrics(name, params):
     adv = [1.5, -0.5, 0.0, -2.0, 1.0]
-    loss, grad, metrics = _run(name, [0.0] * 5, adv, **params)
+    loss, grad, metrics = run_loss(name, [0.0] * 5, adv, **params)
     torch.testing.assert_close(grad, -torch.tensor(adv) / 5)
-    _, _, clip_metrics = _run("clip", [0.0] * 5, adv)
+    _, _, clip_metrics = run_loss("clip", [0.0] * 5, adv)
     assert set(metrics) == set(clip_metrics)
     for value in metrics.values():
         assert value.ndim == 0 and value.dtype == torch.float32 and not value.requires_grad
@@ -63,13 +63,13 @@ def test_ratio_one_is_grpo_gradient_with_the_shared_metrics(name, params):
 @pytest.mark.parametrize("name", NEW)
 def test_loss_at_ratio_one_is_grpo(name):
     # Every new loss is normalised so that the loss at ratio 1 is GRPO's -mean(A).
-    loss, _, _ = _run(name, [0.0] * 3, [1.0, -3.0, 0.5])
+    loss, _, _ = run_loss(name, [0.0] * 3, [1.0, -3.0, 0.5])
     assert loss.item() == pytest.approx(0.5, rel=1e-6)
 
 
 @pytest.mark.parametrize("name", NEW)
 def test_metric_keys_match_every_other_loss(name):
-    keys = {n: set(_run(n, [1e-5, -2e-5], [1.0, -1.0])[2]) for n in LOSSES.names()}
+    keys = {n: set(run_loss(n, [1e-5, -2e-5], [1.0, -1.0])[2]) for n in LOSSES.names()}
     assert all(k == keys["clip"] for k in keys.values())
     assert keys[name] == keys["clip"]
 
@@ -123,7 +123,7 @@ def test_bad_params_fail_in_one_line(name, params, error, match):
 def test_gate_matches_hand_computation(fn):
     ratios, adv = [1.3, 0.6, 1.05, 0.9, 2.5], [1.0, -1.0, -2.0, 0.5, 1.0]
     tau_pos, tau_neg = 2.0, 3.0
-    loss, grad, m = _run("gate", [math.log(r) for r in ratios], adv, fn=fn, tau_pos=tau_pos,
+    loss, grad, m = run_loss("gate", [math.log(r) for r in ratios], adv, fn=fn, tau_pos=tau_pos,
                          tau_neg=tau_neg)
     taus = [tau_pos if a > 0 else tau_neg for a in adv]
     zs = [t * (r - 1) for t, r in zip(taus, ratios)]
@@ -139,10 +139,9 @@ def test_gate_sigmoid_has_sapos_gradient_and_a_constant_loss_offset():
     log_ratio, adv = [0.4, -0.3, 0.05, -0.02], [1.0, -1.0, -2.0, 0.5]
     for tau_pos, tau_neg in ((1.0, 1.05), (2.0, 3.0), (2e4, 2.4e4)):
         params = {"tau_pos": tau_pos, "tau_neg": tau_neg}
-        loss_g, grad_g, m_g = _run("gate", [x * 1e-4 if tau_pos > 1e3 else x for x in log_ratio],
-                                   adv, fn="sigmoid", **params)
-        loss_s, grad_s, m_s = _run("sapo", [x * 1e-4 if tau_pos > 1e3 else x for x in log_ratio],
-                                   adv, **params)
+        scaled = [x * 1e-4 if tau_pos > 1e3 else x for x in log_ratio]
+        loss_g, grad_g, m_g = run_loss("gate", scaled, adv, fn="sigmoid", **params)
+        loss_s, grad_s, m_s = run_loss("sapo", scaled, adv, **params)
         torch.testing.assert_close(grad_g, grad_s)
         taus = [tau_pos if a > 0 else tau_neg for a in adv]
         offset = sum((1 - 2 / t) * a for t, a in zip(taus, adv)) / 4
@@ -152,8 +151,8 @@ def test_gate_sigmoid_has_sapos_gradient_and_a_constant_loss_offset():
 
 def test_gate_tanh_is_sigmoid_at_twice_the_temperature():
     log_ratio, adv = [0.3, -0.2, 0.1, 1e-3], [1.0, -1.0, 0.5, -2.0]
-    _, grad_tanh, _ = _run("gate", log_ratio, adv, fn="tanh", tau_pos=1.5, tau_neg=2.5)
-    _, grad_sig, _ = _run("gate", log_ratio, adv, fn="sigmoid", tau_pos=3.0, tau_neg=5.0)
+    _, grad_tanh, _ = run_loss("gate", log_ratio, adv, fn="tanh", tau_pos=1.5, tau_neg=2.5)
+    _, grad_sig, _ = run_loss("gate", log_ratio, adv, fn="sigmoid", tau_pos=3.0, tau_neg=5.0)
     torch.testing.assert_close(grad_tanh, grad_sig)
 
 
@@ -162,7 +161,7 @@ def _curve(fn: str, ratios: list[float], tau: float) -> tuple[list[float], list[
     ``A = 1``, ``loss = -f(r)`` and ``d loss / d logp = -f'(r) r``."""
     values, slopes = [], []
     for r in ratios:
-        loss, grad, _ = _run("gate", [math.log(r)], [1.0], fn=fn, tau_pos=tau)
+        loss, grad, _ = run_loss("gate", [math.log(r)], [1.0], fn=fn, tau_pos=tau)
         values.append(-loss.item())
         slopes.append(-grad.item() / r)
     return values, slopes
@@ -178,9 +177,9 @@ class TestAdmissibleGate:
         # across r = 1 and on both tails.
         h = 1e-3
         for d in (-0.5, -0.05, -1e-3, 0.0, 1e-3, 0.05, 0.3, 2.0):
-            loss, grad, _ = _run("gate", [d], [1.0], fn=fn, tau_pos=tau)
-            up, _, _ = _run("gate", [d + h], [1.0], fn=fn, tau_pos=tau)
-            down, _, _ = _run("gate", [d - h], [1.0], fn=fn, tau_pos=tau)
+            loss, grad, _ = run_loss("gate", [d], [1.0], fn=fn, tau_pos=tau)
+            up, _, _ = run_loss("gate", [d + h], [1.0], fn=fn, tau_pos=tau)
+            down, _, _ = run_loss("gate", [d - h], [1.0], fn=fn, tau_pos=tau)
             numeric = (up - down).item() / (2 * h)
             assert grad.item() == pytest.approx(numeric, abs=2e-3)
 
@@ -232,7 +231,7 @@ class TestAdmissibleGate:
 def test_gate_defaults_act_at_the_flow_grpo_trust_region(fn):
     # Inside (2e-5) the update is nearly undamped; at Flow-GRPO's bound (1e-4) every gate has cut
     # it by more than half, on both sides and for both advantage signs.
-    _, grad, m = _run("gate", [2e-5, -2e-5, 1e-4, -1e-4], [1.0, -1.0, 1.0, -1.0], fn=fn)
+    _, grad, m = run_loss("gate", [2e-5, -2e-5, 1e-4, -1e-4], [1.0, -1.0, 1.0, -1.0], fn=fn)
     slopes = (grad.abs() * 4 / torch.tensor([2e-5, -2e-5, 1e-4, -1e-4]).exp()).tolist()
     assert min(slopes[:2]) > 0.7
     assert max(slopes[2:]) < 0.5
@@ -250,7 +249,7 @@ def _zeta(psi: float, k_pos=1.5, lambda_pos=1.0, k_neg=2.0, lambda_neg=0.8) -> f
 
 def test_mhpo_matches_the_paper_up_to_its_constant_at_scale_one():
     log_ratio, adv = [0.5, -0.5, 0.2, -1.0, 3.0], [1.0, -1.0, 2.0, 0.5, -1.5]
-    loss, grad, m = _run("mhpo", log_ratio, adv, scale=1.0)
+    loss, grad, m = run_loss("mhpo", log_ratio, adv, scale=1.0)
     c = 1.5
     psis = [c * math.tanh(x / c) for x in log_ratio]
     # The paper's objective -mean exp(psi - sg[zeta]) A, times e^zeta(0).
@@ -282,7 +281,7 @@ def test_mhpo_matches_hand_computation_at_the_flow_scale():
 
 
 def _mhpo_multiplier(log_ratios: list[float], **params) -> list[float]:
-    _, grad, _ = _run("mhpo", log_ratios, [1.0] * len(log_ratios), **params)
+    _, grad, _ = run_loss("mhpo", log_ratios, [1.0] * len(log_ratios), **params)
     return (-grad * len(log_ratios)).tolist()
 
 
@@ -305,7 +304,7 @@ def test_mhpo_multiplier_is_bounded_and_vanishes_on_both_tails():
     mult = _mhpo_multiplier([x * 5e-4 for x in u])
     assert max(mult) <= 1.05  # just above 1 near u = 0.17: the hazard's minimum is at psi > 0
     assert min(mult) >= 0
-    loss, grad, _ = _run("mhpo", [-50.0, 50.0], [1.0, -1.0])
+    loss, grad, _ = run_loss("mhpo", [-50.0, 50.0], [1.0, -1.0])
     assert torch.isfinite(loss) and grad.abs().max() < 1e-12
 
 
@@ -325,8 +324,8 @@ def test_mu_grpo_without_veto_is_clip_bit_for_bit():
     log_ratio = [0.3, -0.25, 0.05, -0.01, 2.0, -3.0]
     adv = [1.0, -1.0, -2.0, 0.5, -1.0, 1.0]
     for bounds in ({"clip_low": 0.1, "clip_high": 0.2}, {"clip_low": 1e-4, "clip_high": 1e-4}):
-        loss_c, grad_c, m_c = _run("clip", log_ratio, adv, **bounds)
-        loss_m, grad_m, m_m = _run("mu_grpo", log_ratio, adv, veto=None, **bounds)
+        loss_c, grad_c, m_c = run_loss("clip", log_ratio, adv, **bounds)
+        loss_m, grad_m, m_m = run_loss("mu_grpo", log_ratio, adv, veto=None, **bounds)
         assert torch.equal(loss_c, loss_m) and torch.equal(grad_c, grad_m)
         assert all(torch.equal(m_c[k], m_m[k]) for k in m_c)
 
@@ -335,7 +334,7 @@ def test_mu_grpo_matches_hand_computation():
     # Defaults: relaxed region [1 - 5e-4, 1 + 5e-4], veto |log r| > 1e-4 for A < 0.
     log_ratio = [3e-4, -3e-4, 2e-4, -2e-4, 5e-5, 8e-4, 5e-3]
     adv = [1.0, 1.0, -1.0, -1.0, -2.0, 1.0, -0.5]
-    loss, grad, m = _run("mu_grpo", log_ratio, adv)
+    loss, grad, m = run_loss("mu_grpo", log_ratio, adv)
     r = [math.exp(x) for x in log_ratio]
     # 0: A > 0 beyond Flow-GRPO's 1e-4, inside the relaxed bound: kept (clip would cut it).
     # 1: A > 0, r < 1: never cut.   2, 3: A < 0 beyond the veto: vetoed (both sides).
@@ -346,12 +345,12 @@ def test_mu_grpo_matches_hand_computation():
     expected = [-r[0] / 7, -r[1] / 7, 0.0, 0.0, 2 * r[4] / 7, 0.0, 0.0]
     torch.testing.assert_close(grad, torch.tensor(expected))
     assert m["train/clipfrac"].item() == pytest.approx(4 / 7)
-    _, grad_clip, _ = _run("clip", log_ratio, adv)
+    _, grad_clip, _ = run_loss("clip", log_ratio, adv)
     assert grad_clip[0] == 0 and grad_clip[6] != 0
 
 
 def test_mu_grpo_veto_only_touches_negative_advantages():
-    _, grad, m = _run("mu_grpo", [-3e-4, 3e-4], [1.0, 1.0], veto=1e-5)
+    _, grad, m = run_loss("mu_grpo", [-3e-4, 3e-4], [1.0, 1.0], veto=1e-5)
     assert (grad < 0).all() and m["train/clipfrac"] == 0
-    _, grad, m = _run("mu_grpo", [-3e-4, 3e-4], [-1.0, -1.0], veto=1e-5)
+    _, grad, m = run_loss("mu_grpo", [-3e-4, 3e-4], [-1.0, -1.0], veto=1e-5)
     assert (grad == 0).all() and m["train/clipfrac"] == 1
