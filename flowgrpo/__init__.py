@@ -8,8 +8,8 @@ The Python API (:mod:`flowgrpo.api`) is reachable from here: ``flowgrpo.load_con
 
 import importlib
 import sys
-import types
 import warnings
+from pathlib import Path
 
 __version__ = "0.1.0"
 
@@ -32,29 +32,14 @@ _MOVED = {
 module it became (README, "Changelog"), so plug-ins written against the old paths keep working."""
 
 
-class _MovedModule(types.ModuleType):
-    """Stands in ``sys.modules`` for ``flowgrpo.<old name>`` until first used, then imports the
-    module it became (with a DeprecationWarning that names the new path) and hands over to it.
-
-    A placeholder module rather than an import hook: importing flowgrpo leaves ``sys.meta_path``
-    alone, and the moved module is only imported when something reads from it."""
-
-    def _moved(self) -> types.ModuleType:
-        old = self.__name__
-        new = f"{__name__}.{_MOVED[old.rpartition('.')[2]]}"
-        warnings.warn(f"{old} moved to {new}", DeprecationWarning, stacklevel=3)
-        module = importlib.import_module(new)
-        sys.modules[old] = module
-        return module
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):  # module scans (inspect, pickle, pytest) must not import it
-            raise AttributeError(name)
-        return getattr(self._moved(), name)
+__path__.append(str(Path(__file__).with_name("_compat")))  # the old paths, one file each
 
 
-for _old in _MOVED:
-    sys.modules.setdefault(f"{__name__}.{_old}", _MovedModule(f"{__name__}.{_old}"))
+def _alias(old: str) -> None:
+    """Run by ``flowgrpo/_compat/<old>.py``: hand ``sys.modules[old]`` over to the new module."""
+    new = f"{__name__}.{_MOVED[old.rpartition('.')[2]]}"
+    warnings.warn(f"{old} moved to {new}", DeprecationWarning, stacklevel=3)
+    sys.modules[old] = importlib.import_module(new)
 
 
 def __getattr__(name: str):
@@ -63,8 +48,7 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     if name in _MOVED:
-        module = sys.modules[f"{__name__}.{name}"]
-        return module._moved() if isinstance(module, _MovedModule) else module
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'flowgrpo' has no attribute {name!r}")
 
 

@@ -79,7 +79,7 @@ class Cond:
 
 
 class FlowAdapter(ABC):
-    """A flow-matching generator seen through the conventions of docs/design.md.
+    """A flow-matching generator seen through the conventions (docs/design.md, "Conventions").
 
     Attributes:
         modality: ``"image"``, ``"video"`` or ``"audio"`` (what :meth:`decode` returns).

@@ -1,32 +1,16 @@
-"""The house runs one way: the layers of the project, declared once here, and a test over every
-module's imports (function-level ones included) that fails on an import circle and on an import
-against the declared order (docs/design.md, "Layers")."""
+"""The house runs one way: a test over every module's imports (function-level ones included) that
+fails on an import circle and on an import against the layers ``flowgrpo.layers`` declares
+(docs/design.md, "Layers")."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+from flowgrpo.layers import GROUND, LAYERS
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("flowgrpo", "samplers", "reward_models", "pipelines")
-
-GROUND = ("flowgrpo.errors", "flowgrpo.registry", "flowgrpo.seeding", "flowgrpo.validation",
-          "flowgrpo.console", "flowgrpo.distributed", "flowgrpo.audio")
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("ground", GROUND),
-    ("libraries", ("samplers", "reward_models", "pipelines")),
-    ("data", ("flowgrpo.data",)),
-    ("rl", ("flowgrpo.rl",)),
-    ("config", ("flowgrpo.config",)),
-    ("run", ("flowgrpo.run",)),
-    ("training", ("flowgrpo.training",)),
-    ("commands", ("flowgrpo.cli",)),
-    ("python api", ("flowgrpo.api", "flowgrpo.testing")),
-    ("package", ("flowgrpo",)),  # the package's __init__ alone: it serves the Python API
-]
-"""Bottom to top. A module imports modules of its own unit (the prefix it matched) or of lower
-layers only. Two units of one layer never import each other (the three libraries stay apart),
-and the ground imports nothing of the project but ``flowgrpo.errors``."""
 
 
 def modules() -> dict[str, Path]:

@@ -1,0 +1,5 @@
+"""``flowgrpo.advantages`` is now ``flowgrpo.rl.advantages``."""
+
+from flowgrpo import _alias
+
+_alias(__name__)

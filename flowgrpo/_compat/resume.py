@@ -1,0 +1,5 @@
+"""``flowgrpo.resume`` is now ``flowgrpo.run.resume``."""
+
+from flowgrpo import _alias
+
+_alias(__name__)
