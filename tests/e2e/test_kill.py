@@ -1,6 +1,11 @@
 """Exact resume through the CLI: SIGKILL at random points (between epochs, inside epochs and
 inside checkpoint writes), then ``--resume auto``, ends with the trainable weights and metrics
-rows of an uninterrupted run; SIGINT and SIGTERM checkpoint, print one line and exit 130/143."""
+rows of an uninterrupted run; SIGINT and SIGTERM checkpoint, print one line and exit 130/143.
+
+The interrupted runs go through ``helpers/gated_train.py``: each holds before its last epoch
+until the test opens the gate, so a kill or a signal always finds the run still going (no
+sleep has to land before the run ends), and each waits for a checkpoint of its own first, so
+every start after a kill resumes."""
 
 from __future__ import annotations
 
@@ -17,7 +22,10 @@ from safetensors.torch import load_file
 
 from flowgrpo.run import checkpoint as ckpt
 from flowgrpo.run.tracking import read_metrics
+from helpers import ROOT
 from helpers.toy import stable
+
+GATED = str(ROOT / "tests" / "helpers" / "gated_train.py")
 
 EPOCHS = 8
 SETTINGS = ["train.batch_size=8", "train.group_size=4", "sampler.num_steps=4",
@@ -25,28 +33,33 @@ SETTINGS = ["train.batch_size=8", "train.group_size=4", "sampler.num_steps=4",
             f"run.epochs={EPOCHS}", "run.eval_every=3", "run.save_every=1"]
 
 
-def command(run: Path, *extra: str) -> list[str]:
+def command(run: Path, *extra: str, gate: Path | None = None) -> list[str]:
+    """``flowgrpo train`` of the job into ``run``; held before its last epoch at ``gate``."""
     sets = [a for s in SETTINGS for a in ("--set", s)]
-    return [sys.executable, "-m", "flowgrpo.cli", "train", *sets, "--set",
-            f"run.output_dir={run}", *extra]
+    launch = ["-m", "flowgrpo.cli"] if gate is None else [GATED, str(gate)]
+    return [sys.executable, *launch, "train", *sets, "--set", f"run.output_dir={run}", *extra]
 
 
-def start(run: Path) -> subprocess.Popen:
-    """Continue the run when it has a checkpoint, else start it afresh."""
+def start(run: Path, gate: Path) -> subprocess.Popen:
+    """Continue the run when it has a checkpoint, else start it afresh; held at ``gate`` until
+    ``gate/open`` exists."""
+    gate.mkdir(exist_ok=True)
+    (gate / "held").unlink(missing_ok=True)
     extra = ("--resume", "auto") if ckpt.latest_checkpoint(run) else ("--overwrite",)
-    return subprocess.Popen(command(run, *extra), stdout=subprocess.PIPE,
+    return subprocess.Popen(command(run, *extra, gate=gate), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
-def logged_since(run: Path, since: float) -> bool:
-    path = run / "metrics.jsonl"
-    return path.is_file() and path.stat().st_mtime > since and path.stat().st_size > 0
+def saved(run: Path) -> set[str]:
+    """The checkpoints committed so far (one appears by an atomic rename of its folder)."""
+    return {p.name for p in (run / "checkpoints").glob("step_*")}
 
 
-def wait_for_progress(proc: subprocess.Popen, run: Path, since: float) -> None:
-    """Until the process logged a metrics row (or ended)."""
+def wait_for_progress(proc: subprocess.Popen, run: Path, gate: Path, before: set[str]) -> None:
+    """Until the process committed a checkpoint it did not start with, so that every later
+    start resumes, or waits at the gate (or ended)."""
     deadline = time.monotonic() + 300
-    while proc.poll() is None and not logged_since(run, since):
+    while proc.poll() is None and saved(run) == before and not (gate / "held").exists():
         assert time.monotonic() < deadline, "no progress"
         time.sleep(0.02)
 
@@ -74,12 +87,15 @@ def assert_same_run(run: Path, uninterrupted) -> None:
 @pytest.mark.slow
 def test_sigkill_at_random_points_then_resume_is_exact(tmp_path, uninterrupted):
     rng = random.Random(0)
-    run, kills = tmp_path / "run", 0
+    run, gate, kills = tmp_path / "run", tmp_path / "gate", 0
     while True:
-        since = time.time()
-        proc = start(run)
+        before = saved(run)
+        if kills == 4:
+            gate.mkdir(exist_ok=True)
+            (gate / "open").touch()  # the last start runs to the end
+        proc = start(run, gate)
         if kills < 4:
-            wait_for_progress(proc, run, since)
+            wait_for_progress(proc, run, gate, before)
             time.sleep(rng.uniform(0.0, 0.6))  # a random point of an epoch or of a save
             if proc.poll() is None:
                 proc.kill()
@@ -98,10 +114,10 @@ def test_sigkill_at_random_points_then_resume_is_exact(tmp_path, uninterrupted):
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_checkpoints_prints_one_line_and_resumes_exactly(tmp_path, uninterrupted,
                                                                   sig, code):
-    run = tmp_path / "run"
-    since = time.time()
-    proc = start(run)
-    wait_for_progress(proc, run, since)
+    run, gate = tmp_path / "run", tmp_path / "gate"
+    before = saved(run)
+    proc = start(run, gate)
+    wait_for_progress(proc, run, gate, before)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == code, err[-3000:]
@@ -112,7 +128,8 @@ def test_a_signal_checkpoints_prints_one_line_and_resumes_exactly(tmp_path, unin
     step = int(last.split("after step ")[1].split(";")[0])
     assert last.endswith(f"checkpoint step_{step} written; continue with --resume auto")
     assert step < EPOCHS and ckpt.latest_checkpoint(run).name == f"step_{step}"
-    proc = start(run)
+    (gate / "open").touch()
+    proc = start(run, gate)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     assert_same_run(run, uninterrupted)
