@@ -1,5 +1,6 @@
 """``Registry.registered`` and ``Registry.snapshot``: a temporary registration leaves the
-registry exactly as it found it (objects and origins), on a normal exit and on an error."""
+registry exactly as it found it (objects and origins), on a normal exit and on an error; the
+tests use them instead of the registry's private tables."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ def second():
 
 
 def fresh() -> Registry:
-    registry = Registry("thing")
-    registry._entry_points = {}  # no installed entry points: the test sees only its own names
+    """A registry holding ``kept`` (a kind no installed distribution has entry points for)."""
+    registry = Registry("temporary test thing")
     registry.register("kept")(first)
     return registry
 
@@ -38,12 +39,14 @@ def test_registered_adds_a_name_for_the_block_only():
 
 def test_registered_restores_a_replaced_name_and_its_origin():
     registry = fresh()
-    registry._origins["kept"] = "entry point demo 1.0 (demo:kept)"
-    with registry.registered("kept", second):
+    name = registry.add(second, "added")  # an origin other than the one registered() records
+    with registry.registered("kept", second), registry.registered(name, first):
         assert registry.get("kept") is second
+        assert registry.get(name) is first
         assert registry.origin("kept") == origin_of(second)
     assert registry.get("kept") is first
-    assert registry.origin("kept") == "entry point demo 1.0 (demo:kept)"
+    assert registry.get(name) is second
+    assert registry.origins() == {"added": origin_of(second), "kept": origin_of(first)}
 
 
 def test_registered_restores_on_an_error():
@@ -53,16 +56,15 @@ def test_registered_restores_on_an_error():
     assert "temporary" not in registry
 
 
-def test_snapshot_drops_additions_and_brings_back_removals():
+def test_snapshot_drops_what_the_block_added():
     registry = fresh()
     with registry.snapshot() as same:
         assert same is registry
         registry.register("new")(second)
         name = registry.add(lambda: 3)
-        registry._items.pop("kept")
-        registry._origins.pop("kept")
+        assert registry.get("math:sqrt")(4.0) == 2.0  # a reference, resolved and kept
+        assert {"new", name, "math:sqrt"} <= set(registry.origins())
     assert registry.names() == ["kept"]
-    assert name not in registry._items
     assert registry.get("kept") is first
     assert registry.origins() == {"kept": origin_of(first)}
 
