@@ -55,6 +55,7 @@ def reference_update(t: Trainer, batch, adv: torch.Tensor, epoch: int) -> dict:
     return {k: v / count for k, v in sums.items()}
 
 
+@pytest.mark.slow
 def test_default_job_update_equals_the_plain_per_step_update(tmp_path):
     """The default job through the generic loop (objective ``ratio``, selection ``all``, credit
     ``outcome``, no views) moves the weights and reports the metrics of the plain loop, exactly,
@@ -102,6 +103,7 @@ def test_ratio_is_one_before_the_first_update_on_the_toy(tmp_path, objective, se
     assert_ratio_one(t)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective,selection,credit,views", contract_cases(),
                          ids=lambda v: str(v))
 def test_ratio_is_one_before_the_first_update_on_tiny_sd3_with_cfg(

@@ -113,6 +113,7 @@ def test_skipped_groups_are_not_trained(faulty, tmp_path):
     assert out["train/samples"] == 4  # beta > 0 trains every usable sample, and only those
 
 
+@pytest.mark.slow
 def test_a_reward_stop_checkpoints_the_epochs_done_and_resumes_exactly(faulty, tmp_path):
     clean = tmp_path / "clean"
     t = Trainer(config(clean, "reward.name=faulty_test", "run.epochs=3", "run.save_every=0"))

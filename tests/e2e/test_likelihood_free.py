@@ -85,6 +85,7 @@ def test_elbo_estimator_variance_falls_like_one_over_k(tmp_path):
     assert 10 < var[1] / var[16] < 24, var
 
 
+@pytest.mark.slow
 def test_awm_is_the_flow_matching_gradient_with_unit_advantages_and_none_with_zero(tmp_path):
     t = toy_trainer(tmp_path, "train.objective=awm", *ODE,
                     "train.objective_params={weighting: uniform, draws: 2}")
@@ -199,6 +200,7 @@ def test_config_refuses_a_deterministic_sampler_for_the_ratio_objective():
     assert not samplers.get("ode").trainable(1.0, 0.5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss", LOSSES.names())
 def test_elbo_plugs_into_every_policy_loss(tmp_path, loss):
     t = toy_trainer(tmp_path, "train.objective=elbo", *ODE, f"train.loss={loss}",

@@ -3,6 +3,7 @@ for its defining property."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import samplers
@@ -11,6 +12,7 @@ from helpers.toy import lora, toy_trainer
 from samplers.analytic import GaussianFlow
 
 
+@pytest.mark.slow
 def test_flash_trains_one_shared_step_per_group_varying_across_groups_and_iterations(tmp_path):
     t = toy_trainer(tmp_path, "train.step_selection=flash", "train.batch_size=32")
     seen = set()
@@ -93,6 +95,7 @@ def test_turning_point_advantages_are_per_step_with_zero_mean_per_group(tmp_path
     assert 0 <= metrics["credit/turning_frac"] <= 1
 
 
+@pytest.mark.slow
 def test_turning_point_run_trains_from_the_cli(tmp_path):
     from flowgrpo.cli.main import main
     from flowgrpo.run.tracking import read_metrics
@@ -105,6 +108,7 @@ def test_turning_point_run_trains_from_the_cli(tmp_path):
     assert rows[-1]["calls/grad"] > 0 and rows[-1]["calls/nograd"] > rows[-1]["calls/grad"]
 
 
+@pytest.mark.slow
 def test_a_view_identical_to_the_prompt_gives_plain_grpo_loss_and_gradient(tmp_path):
     identity = ['train.enhancer_params={templates: ["{prompt}"]}']
     plain = toy_trainer(tmp_path / "plain")

@@ -160,6 +160,7 @@ def test_base_model_is_conditioned_with_headroom(pipe) -> None:
     assert 0.2 < scores.mean().item() < 0.85  # knows digits (chance is 0.1), leaves room for RL
 
 
+@pytest.mark.slow
 def test_make_scripts_are_reproducible() -> None:
     classifier = _script("make_digit_classifier")
     first = classifier.train_classifier(epochs=1).state_dict()

@@ -39,6 +39,7 @@ def test_ratio_is_one_before_any_update(tiny_sd3_dir, tmp_path, brightness_rewar
         assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-6, rtol=0), ratio
 
 
+@pytest.mark.slow
 def test_zero_advantages_leave_weights_unchanged(tiny_sd3_dir, tmp_path, brightness_reward):
     t = trainer_for(tiny_sd3_dir, tmp_path, brightness_reward,
                     train={"weight_decay": 0.0, "skip_zero_advantage": False})
@@ -188,6 +189,7 @@ def test_reference_switches_the_lora_off_exactly_as_diffusers_does(tiny_sd3_dir,
     assert lora_layers(model) and all(p.requires_grad for p in t.params)
 
 
+@pytest.mark.slow
 def test_compiled_transformer_trains_like_the_eager_one(tiny_sd3_dir, tmp_path, brightness_reward,
                                                         monkeypatch):
     """``model.compile`` compiles the transformer's forward through TorchDynamo (here with its
@@ -220,6 +222,7 @@ def test_compiled_transformer_trains_like_the_eager_one(tiny_sd3_dir, tmp_path, 
     assert rows[1][1]["train/ratio_max"] == 1.0 and rows[1][1]["calls/grad"] > 0
 
 
+@pytest.mark.slow
 def test_optimizer_kernel_is_fused_on_cuda_by_default_and_selectable(tiny_sd3_dir, tmp_path,
                                                                      brightness_reward):
     from flowgrpo.training.trainer import optimizer_kernel
