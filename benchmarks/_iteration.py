@@ -8,9 +8,9 @@ Every benchmark here runs real GRPO iterations of
 
 - ``toy``: the shipped default job (``configs/digits.yaml``: the digits model, ``sde`` sampler,
   groups of 8, batch 64, LoRA r=16, ``beta`` 0.01, no CFG);
-- ``sd3``: the random tiny SD3 pipeline of ``tests/tiny.py`` saved to a temporary folder, with
-  ``model.options={}``, the ``jpeg_compressibility`` reward and CFG (``model.guidance=4.5``, the
-  SD3.5 recipes' value); everything else as the toy job.
+- ``sd3``: the random tiny SD3 pipeline of ``tests/helpers/tiny.py`` saved to a temporary folder,
+  with ``model.options={}``, the ``jpeg_compressibility`` reward and CFG (``model.guidance=4.5``,
+  the SD3.5 recipes' value); everything else as the toy job.
 
 Peak memory is read from ``/proc/self/status`` (``VmHWM``, the peak resident set) after resetting
 it through ``/proc/self/clear_refs`` once the trainer is built, so the number is the extra
@@ -76,10 +76,11 @@ def machine_info() -> str:
 
 @contextmanager
 def sd3_folder() -> Iterator[str]:
-    """The tiny SD3 pipeline of ``tests/tiny.py``, saved with ``save_pretrained``; its folder."""
+    """The tiny SD3 pipeline of ``tests/helpers/tiny.py``, saved with ``save_pretrained``; its
+    folder."""
     if str(ROOT / "tests") not in sys.path:
         sys.path.insert(0, str(ROOT / "tests"))
-    from tiny import tiny_sd3_pipeline
+    from helpers.tiny import tiny_sd3_pipeline
 
     with tempfile.TemporaryDirectory(prefix="flowgrpo-bench-sd3-") as tmp:
         tiny_sd3_pipeline().save_pretrained(tmp)

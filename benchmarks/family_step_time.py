@@ -1,6 +1,6 @@
 """Training-step cost per model family, with and without gradient checkpointing, side by side.
 
-For each family (tiny random models from ``tests/tiny*.py``, inputs scaled up so activations
+For each family (tiny random models from ``tests/helpers/tiny*.py``, inputs scaled up so activations
 matter) one training forward+backward is ``adapter.velocity`` on a batch with a LoRA (the
 family's ``default_lora_targets``, r=4) on the frozen transformer, then ``loss.backward()``.
 Reported, plain and with ``transformer.enable_gradient_checkpointing()``, with their ratios
@@ -46,9 +46,8 @@ def build(family: str) -> Any:
     for path in (ROOT, ROOT / "tests"):
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))
-    from tiny import tiny_sd3_pipeline
-    from tiny_families import tiny_ace_step_pipeline, tiny_flux_pipeline, tiny_wan_pipeline
-
+    from helpers.tiny import tiny_sd3_pipeline
+    from helpers.tiny_families import tiny_ace_step_pipeline, tiny_flux_pipeline, tiny_wan_pipeline
     from pipelines import AceStepAdapter, FluxAdapter, WanAdapter
     from pipelines.sd3 import SD3Adapter
 

@@ -6,7 +6,7 @@
 
 - ``processes``: the toy job (the default config, ``sampler.num_steps`` 10, groups of 8) with a
   global batch of 32, once in 1 process (``train.batch_size: 32``) and once in 2 processes under
-  ``accelerate launch`` (16 each), the same computation (``tests/test_processes.py``). Reported:
+  ``accelerate launch`` (16 each), the same computation (``tests/e2e/test_processes.py``). Reported:
   the median ``time/step`` over the epochs after the first, and the ratio 2-process / 1-process.
   On a 2-core machine the two processes share the cores, so the ratio measures the overhead of
   DDP (gradient all-reduce, the gathers of rewards, advantages and masks) against the halved
@@ -82,7 +82,7 @@ def checkpoint_cost(name: str, overrides: list[str], repeats: int) -> None:
 
 def checkpoints(repeats: int) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
-    from tiny import tiny_sd3_pipeline
+    from helpers.tiny import tiny_sd3_pipeline
 
     checkpoint_cost("toy (LoRA rank 16)", ["train.batch_size=16"], repeats)
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,6 +13,7 @@ the end of this module).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import importlib
@@ -274,6 +275,48 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+    # Temporary registrations (tests, a plug-in's own checks): the registry is global to the
+    # process, so whatever a block adds must not leak into the code that runs after it.
+
+    @contextlib.contextmanager
+    def registered(self, name: str, obj: T) -> Iterator[T]:
+        """Register ``obj`` as ``name`` for the ``with`` block (it may replace what the name
+        holds, a built-in too), then restore the name as it was: its object and origin, or no
+        entry at all. Yields ``obj``.
+
+        Example::
+
+            with REWARDS.registered("energy_test", energy):
+                train(...)  # "energy_test" resolves here, and nowhere after the block
+        """
+        missing = object()
+        before = self._items.get(name, missing), self._origins.get(name, missing)
+        self._items[name] = obj
+        self._origins[name] = origin_of(obj)
+        try:
+            yield obj
+        finally:
+            for table, value in zip((self._items, self._origins), before):
+                if value is missing:
+                    table.pop(name, None)
+                else:
+                    table[name] = value
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[Registry[T]]:
+        """On leaving the ``with`` block, restore every name and origin the registry held on
+        entering it: registrations, :meth:`add` calls and references resolved inside the
+        block are dropped, and a name the block removed or replaced comes back. Yields the
+        registry."""
+        items, origins = dict(self._items), dict(self._origins)
+        try:
+            yield self
+        finally:
+            self._items.clear()
+            self._items.update(items)
+            self._origins.clear()
+            self._origins.update(origins)
 
 
 def suggestion(word: object, valid: Sequence[str], prefix: str = "") -> str:

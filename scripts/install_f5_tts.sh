@@ -54,4 +54,4 @@ if [ "$before" != "$after" ]; then
 fi
 "$PY" -c "import torch, torchaudio; print('torch', torch.__version__, '| torchaudio', \
 torchaudio.__version__)"
-"$PY" -m pytest -q tests/test_f5_tts.py
+"$PY" -m pytest -q tests/families/test_f5_tts.py

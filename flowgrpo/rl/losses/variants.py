@@ -107,7 +107,7 @@ def gate_loss(
     GRPO's ``-mean(A)`` and, its slope being 1, the gradient is ``-A/B``.
 
     Admissible gates (the paper's properties (i)-(iv), plus the ones they imply that this loss
-    relies on); tests/test_losses_variants.py checks each gate against each numerically:
+    relies on); tests/unit/test_losses_variants.py checks each gate against each numerically:
 
     1. ``f`` is continuously differentiable (paper (i));
     2. ``f(1)`` is finite (here exactly 1);
