@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 
 from flowgrpo.errors import ConfigError, FlowgrpoError, one_line
 
@@ -153,30 +154,16 @@ def _kinds() -> str:
     return f"{', '.join(titles[:-1])} and {titles[-1]}"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flowgrpo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    loud = argparse.ArgumentParser(add_help=False)  # --quiet / --verbose, after any command
-    group = loud.add_mutually_exclusive_group()
-    group.add_argument("-q", "--quiet", action="store_true",
-                       help="only warnings, errors and results: no progress bars or notes")
-    group.add_argument("-v", "--verbose", action="store_true",
-                       help="everything the libraries say: loading bars, info logs and the "
-                       "warnings flowgrpo filters as known to be harmless")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("train", parents=[loud],
-                       help="run GRPO training")
+def _train_args(p: argparse.ArgumentParser) -> None:
     _config_args(p)
     p.add_argument("--resume", default=None, metavar="auto|PATH",
                    help="continue a run: auto (run.output_dir, else the run saved last) or a "
                    "run/checkpoint folder; without CONFIG the checkpoint's config is used")
     p.add_argument("--overwrite", action="store_true",
                    help="start afresh in a run folder that holds a run, deleting it")
-    p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("ablate", parents=[loud],
-                       help="run a grid of configs and seeds; a table and plots")
+
+def _ablate_args(p: argparse.ArgumentParser) -> None:
     _config_args(p)
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
                    help="an axis of the grid (repeatable); KEY is a config key or 'method' "
@@ -190,18 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--presets", default=None,
                    help="presets YAML for the 'method' axis (default configs/presets/methods.yaml)")
     p.add_argument("--list-presets", action="store_true", help="print the presets and exit")
-    p.set_defaults(func=cmd_ablate)
 
-    p = sub.add_parser("config", parents=[loud],
-                       help="print the resolved config")
+
+def _config_command_args(p: argparse.ArgumentParser) -> None:
     _config_args(p)
     p.add_argument("--help-fields", action="store_true", help="list every key with its help")
     p.add_argument("--recipes", action="store_true",
                    help="list the shipped configs (the CPU default and the recipes)")
-    p.set_defaults(func=cmd_config)
 
-    p = sub.add_parser("sample", parents=[loud],
-                       help="generate media from a base model or a trained run")
+
+def _sample_args(p: argparse.ArgumentParser) -> None:
     _config_args(p)
     p.add_argument("--run", default=None, help="run or checkpoint folder (default: base model)")
     p.add_argument("--prompt", action="append", default=None, help="prompt (repeatable; "
@@ -211,41 +196,74 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num", type=int, default=4, help="images per prompt")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="samples.png", help="output PNG grid (or folder for audio)")
-    p.set_defaults(func=cmd_sample)
 
-    p = sub.add_parser("eval", parents=[loud],
-                       help="reward of a model on the eval prompts (fixed seeds)")
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
     _config_args(p)
     p.add_argument("--run", default=None, help="run or checkpoint folder (default: base model)")
-    p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("report", parents=[loud],
-                       help="plot and summarize a run (and its eval media), or "
-                       "compare several runs or the runs of an ablation folder")
+
+def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help="run folder(s), or an ablation folder (its subfolders holding "
                    "metrics.jsonl, up to 2 levels down)")
     p.add_argument("--out", default=None, metavar="PATH",
                    help="the plot to write (default: RUN/report.png for one run, "
                    "ABLATION/report.png for an ablation folder, else ./report.png)")
-    p.set_defaults(func=cmd_report)
 
-    sub.add_parser("serve-reward", help="serve a reward over HTTP (see serve-reward --help)",
-                   add_help=False)
-    p = sub.add_parser("list", parents=[loud], help=f"registered {_kinds()}, and the plug-ins "
-                       "with where each comes from")
+
+def _list_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", default=None,
                    help="also list the plug-ins this config references")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (repeatable)")
-    p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("doctor", parents=[loud],
-                       help="versions, device, extras, hub access and plug-ins, for a bug report")
+
+def _doctor_args(p: argparse.ArgumentParser) -> None:
     _config_args(p)
     p.add_argument("--no-network", action="store_true",
                    help="do not probe the hub (otherwise one short TCP connection)")
-    p.set_defaults(func=cmd_doctor)
+
+
+def _commands() -> list[tuple[str, str, Callable | None, Callable | None]]:
+    """The subcommands in the order ``--help`` lists them: name, help, arguments, handler
+    (``serve-reward`` has neither: :func:`main` hands its arguments to the reward server)."""
+    return [
+        ("train", "run GRPO training", _train_args, cmd_train),
+        ("ablate", "run a grid of configs and seeds; a table and plots", _ablate_args,
+         cmd_ablate),
+        ("config", "print the resolved config", _config_command_args, cmd_config),
+        ("sample", "generate media from a base model or a trained run", _sample_args,
+         cmd_sample),
+        ("eval", "reward of a model on the eval prompts (fixed seeds)", _eval_args, cmd_eval),
+        ("report", "plot and summarize a run (and its eval media), or compare several runs or "
+         "the runs of an ablation folder", _report_args, cmd_report),
+        ("serve-reward", "serve a reward over HTTP (see serve-reward --help)", None, None),
+        ("list", f"registered {_kinds()}, and the plug-ins with where each comes from",
+         _list_args, cmd_list),
+        ("doctor", "versions, device, extras, hub access and plug-ins, for a bug report",
+         _doctor_args, cmd_doctor),
+    ]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flowgrpo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    loud = argparse.ArgumentParser(add_help=False)  # --quiet / --verbose, after any command
+    group = loud.add_mutually_exclusive_group()
+    group.add_argument("-q", "--quiet", action="store_true",
+                       help="only warnings, errors and results: no progress bars or notes")
+    group.add_argument("-v", "--verbose", action="store_true",
+                       help="everything the libraries say: loading bars, info logs and the "
+                       "warnings flowgrpo filters as known to be harmless")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text, add_args, func in _commands():
+        if add_args is None:
+            sub.add_parser(name, help=help_text, add_help=False)
+            continue
+        p = sub.add_parser(name, parents=[loud], help=help_text)
+        add_args(p)
+        p.set_defaults(func=func)
     return parser
 
 

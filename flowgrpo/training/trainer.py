@@ -14,7 +14,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -235,39 +235,26 @@ class Trainer:
         low = self.rank * n
         mine = keep[(keep >= low) & (keep < low + n)] - low
         state = self.objective.prepare(batch, mine.to(self.acc.device))  # only what is trained
-        size = (cfg.train_batch_size or cfg.batch_size) * self.world  # a global minibatch
-        n_mb = math.ceil(len(keep) / size)
         units = self.objective.units(batch)
         sums: dict[str, float] = {}
         count = 0.0
         norms: list[float] = []  # the gradient norm of each step taken (the same everywhere)
         skipped = 0
-        gen = generator("minibatch_order", self.cfg.run.seed, epoch)
-        for _ in range(cfg.num_inner_epochs):
-            order = keep[torch.randperm(len(keep), generator=gen)]
-            for m in range(n_mb):
-                part = order[m * size:(m + 1) * size]
-                idx = part[(part >= low) & (part < low + n)] - low
-                # DDP averages over processes: a share of len(idx) / len(part) of the minibatch
-                scale = len(idx) * self.world / len(part)
-                if len(idx) == 0:  # nothing here: a zero-weight pass keeps DDP in step
-                    idx, scale = torch.zeros(1, dtype=torch.long), 0.0
-                idx = idx.to(self.acc.device)
-                boundary = (m + 1) % cfg.gradient_accumulation == 0 or m == n_mb - 1
-                for u, unit in enumerate(units):
-                    sync = boundary and u == len(units) - 1
-                    with nullcontext() if sync else self.acc.no_sync(self.adapter.transformer):
-                        loss, metrics = self.objective.loss(batch, state, idx, unit)
-                        self.acc.backward(loss * scale / (len(units) * cfg.gradient_accumulation))
-                    if scale:  # metrics are means over the trained samples of all processes
-                        for key, value in metrics.items():
-                            sums[key] = sums.get(key, 0.0) + float(value) * len(idx)
-                        count += len(idx)
-                if boundary:
-                    taken, norm = self.step_optimizer()
-                    skipped += not taken
-                    if norm is not None:
-                        norms.append(norm)
+        for idx, scale, boundary in self.minibatches(keep, n, epoch):
+            for u, unit in enumerate(units):
+                sync = boundary and u == len(units) - 1
+                with nullcontext() if sync else self.acc.no_sync(self.adapter.transformer):
+                    loss, metrics = self.objective.loss(batch, state, idx, unit)
+                    self.acc.backward(loss * scale / (len(units) * cfg.gradient_accumulation))
+                if scale:  # metrics are means over the trained samples of all processes
+                    for key, value in metrics.items():
+                        sums[key] = sums.get(key, 0.0) + float(value) * len(idx)
+                    count += len(idx)
+            if boundary:
+                taken, norm = self.step_optimizer()
+                skipped += not taken
+                if norm is not None:
+                    norms.append(norm)
         self.objective.after_update()
         totals = engines.total(self.acc, {**sums, "_count": count})
         count = totals.pop("_count")
@@ -278,6 +265,31 @@ class Trainer:
         if skipped:
             out["train/nonfinite_steps"] = float(skipped)
         return out
+
+    def minibatches(self, keep: torch.Tensor, n: int,
+                    epoch: int) -> Iterator[tuple[torch.Tensor, float, bool]]:
+        """This process's part of every global minibatch of every inner epoch, cut from one order
+        of the kept global indices drawn from ``(seed, epoch)``: ``(local indices, loss scale,
+        accumulation boundary)``.
+
+        DDP averages over processes, so a process's loss is scaled by its share
+        ``len(idx) * world / len(part)`` of the minibatch; a process that holds none of a
+        minibatch runs a zero-weight pass on its first sample, which keeps DDP in step."""
+        cfg = self.cfg.train
+        size = (cfg.train_batch_size or cfg.batch_size) * self.world  # a global minibatch
+        n_mb = math.ceil(len(keep) / size)
+        low = self.rank * n
+        gen = generator("minibatch_order", self.cfg.run.seed, epoch)
+        for _ in range(cfg.num_inner_epochs):
+            order = keep[torch.randperm(len(keep), generator=gen)]
+            for m in range(n_mb):
+                part = order[m * size:(m + 1) * size]
+                idx = part[(part >= low) & (part < low + n)] - low
+                scale = len(idx) * self.world / len(part)
+                if len(idx) == 0:
+                    idx, scale = torch.zeros(1, dtype=torch.long), 0.0
+                boundary = (m + 1) % cfg.gradient_accumulation == 0 or m == n_mb - 1
+                yield idx.to(self.acc.device), scale, boundary
 
     def step_optimizer(self) -> tuple[bool, float | None]:
         """Clip and take an optimizer step, unless the gradient is not finite: then skip it and
