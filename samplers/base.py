@@ -39,6 +39,10 @@ _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 class Transition:
     """The Gaussian ``N(mean, std^2 I)`` of the next latent.
 
+    The rollout and the replay use a transition only through :meth:`sample`, :meth:`log_prob`
+    and :meth:`kl`, so the distribution's kind stays the sampler's business
+    (docs/design.md, "Conventions").
+
     Attributes:
         mean: ``[B, ...]`` float32, shaped like ``x``.
         std: ``[B, 1, ..., 1]`` float32, one scalar per sample, broadcastable to ``mean``;
@@ -47,6 +51,20 @@ class Transition:
 
     mean: Tensor
     std: Tensor
+
+    def sample(self, generator: torch.Generator | None = None,
+               noise: Tensor | None = None) -> Tensor:
+        """A draw of the next latent: :func:`sample_next`."""
+        return sample_next(self, generator, noise)
+
+    def log_prob(self, x_next: Tensor, weight: Tensor | None = None) -> Tensor:
+        """``[B]`` log-density of a realised next latent: :func:`gaussian_log_prob`."""
+        return gaussian_log_prob(x_next, self.mean, self.std, weight=weight)
+
+    def kl(self, other: Transition, weight: Tensor | None = None) -> Tensor:
+        """``[B]`` ``KL(self || other)`` of two steps from the same ``x`` with this std:
+        :func:`gaussian_kl`."""
+        return gaussian_kl(self.mean, other.mean, self.std, weight=weight)
 
 
 def broadcast_sigma(sigma: Sigma, x: Tensor) -> Tensor:

@@ -80,7 +80,8 @@ def _need(inputs: KLInputs, *names: str) -> list:
 @KL_ESTIMATORS.register("exact")
 def exact_kl(inputs: KLInputs) -> Tensor:
     mean, ref_mean, std = _need(inputs, "mean", "ref_mean", "std")
-    return samplers.gaussian_kl(mean, ref_mean.detach(), std, weight=inputs.weight)
+    policy, reference = samplers.Transition(mean, std), samplers.Transition(ref_mean.detach(), std)
+    return policy.kl(reference, weight=inputs.weight)
 
 
 @KL_ESTIMATORS.register("flow_grpo")

@@ -58,7 +58,7 @@ def region_log_prob(x_next: torch.Tensor, tr: samplers.Transition,
     for m in regions:
         w = (m / m.float().mean().clamp_min(1e-12))[None]
         w = w if weight is None else w * weight
-        out.append(samplers.gaussian_log_prob(x_next, tr.mean, tr.std, weight=w))
+        out.append(tr.log_prob(x_next, weight=w))
     return torch.stack(out, 1)
 
 
@@ -103,7 +103,7 @@ def replay_step(
     tr = sampler.transition(velocity(x, sigma), x, s, s_next, velocity_fn=velocity)
     weight = cond.tensors.get(LOGPROB_WEIGHT)
     if regions is None:
-        log_prob = samplers.gaussian_log_prob(x_next, tr.mean, tr.std, weight=weight)
+        log_prob = tr.log_prob(x_next, weight=weight)
     else:
         log_prob = region_log_prob(x_next, tr, regions, weight)
     if kl is None:

@@ -204,9 +204,9 @@ def rollout(
         stochastic = here.any(1)
         if bool(stochastic.any()):
             tr = spec.sampler.transition(v, x, float(s), float(s_next), velocity_fn=velocity)
-            x_new = samplers.sample_next(tr, noise=step_noise(x, stochastic, generator))
+            x_new = tr.sample(noise=step_noise(x, stochastic, generator))
             x_new = x_new.to(dtype).float()
-            lp = samplers.gaussian_log_prob(x_new, tr.mean, tr.std, weight=weight)
+            lp = tr.log_prob(x_new, weight=weight)
             log_probs = torch.where(here, lp[:, None], log_probs)
             if not bool(stochastic.all()):
                 euler = ode.transition(v, x, float(s), float(s_next)).mean.to(dtype).float()
