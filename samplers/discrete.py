@@ -1,0 +1,190 @@
+"""Steps of discrete flows: the per-token categorical transition and the kernels of the mixture
+paths (docs/design.md, "Discrete steps").
+
+A discrete flow moves a token sequence ``x_t`` (``[B, L]`` integers over a vocabulary of ``V``)
+from the source at ``t = 0`` to the data at ``t = 1`` along a continuous-time Markov chain; the
+model gives the posterior ``p_theta(x1 | x_t)`` as logits ``[B, L, V]``. A step from ``t`` to
+``t + h`` is a :class:`Categorical` over each token's next value, the discrete counterpart of the
+Gaussian :class:`~samplers.base.Transition`: it samples with a given generator, scores a realised
+next state and compares itself with another step of its kind.
+
+Three probability paths, each conditional on the clean token ``x1``:
+
+- **masked source** (``mask_id`` given): ``x_t`` is ``x1`` with probability ``kappa(t)``, else the
+  mask token;
+- **uniform source**: ``x_t`` is ``x1`` with probability ``kappa(t)``, else a uniform token;
+- **metric-induced** (FUDOKI): ``p_t(y | x1) = softmax(-beta_t d(x1, .))(y)`` with
+  ``beta_t = c (t / (1 - t))^a``, a path that moves through tokens near ``x1`` under the metric
+  ``d``.
+
+For the two mixtures the step is an exact categorical in the posterior (:func:`mixture_step`).
+For the metric path, :func:`metric_step` sums over every ``x1`` (``O(V^2)`` per token, affordable
+for small vocabularies), and :func:`metric_step_log_prob_mc` is dFlowGRPO's Monte-Carlo estimate
+from ``n_mc`` posterior draws of the old policy, for vocabularies where the sum is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+_TINY = 1e-30
+
+
+@dataclass
+class Categorical:
+    """Independent per-token categoricals of the next token sequence.
+
+    Attributes:
+        probs: ``[B, L, V]`` float32, each row a distribution over the vocabulary.
+    """
+
+    probs: Tensor
+
+    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+        """``[B, L]`` long: one draw per token (``torch.multinomial`` with ``generator``)."""
+        b, length, v = self.probs.shape
+        flat = self.probs.reshape(-1, v).to(torch.float32)
+        return torch.multinomial(flat, 1, generator=generator).reshape(b, length)
+
+    def token_log_probs(self, x_next: Tensor) -> Tensor:
+        """``[B, L]`` log-probability of each realised next token."""
+        picked = self.probs.gather(-1, x_next.long().unsqueeze(-1)).squeeze(-1)
+        return picked.to(torch.float32).clamp_min(_TINY).log()
+
+    def log_prob(self, x_next: Tensor, weight: Tensor | None = None) -> Tensor:
+        """``[B]``: the mean over tokens of the per-token log-probability of ``x_next``, or
+        ``mean(weight * lp)`` with a ``[B, L]`` (or broadcastable) token weight, reduced like the
+        Gaussian's log-density (a plain mean, so weight 1 gives the unweighted value)."""
+        lp = self.token_log_probs(x_next)
+        if weight is not None:
+            lp = lp * weight.to(torch.float32)
+        return lp.mean(1)
+
+    def kl(self, other: Categorical, weight: Tensor | None = None) -> Tensor:
+        """``[B]``: the mean over tokens of ``KL(self || other)`` between the two tokens' next
+        distributions (exact: a sum over the vocabulary)."""
+        p = self.probs.to(torch.float32)
+        q = other.probs.to(torch.float32)
+        kl = (p * (p.clamp_min(_TINY).log() - q.clamp_min(_TINY).log())).sum(-1)
+        if weight is not None:
+            kl = kl * weight.to(torch.float32)
+        return kl.mean(1)
+
+
+def posterior(logits: Tensor, x_t: Tensor, mask_id: int | None = None) -> Tensor:
+    """``[B, L, V]`` the model's posterior ``p_theta(x1 | x_t)``.
+
+    With a masked source, the mask is never a clean token (its column is removed) and a token
+    that is already unmasked is its own posterior (the carry-over of masked diffusion)."""
+    probs = torch.softmax(logits.to(torch.float32), -1)
+    if mask_id is None:
+        return probs
+    probs = probs.clone()
+    probs[..., mask_id] = 0.0
+    probs = probs / probs.sum(-1, keepdim=True).clamp_min(_TINY)
+    known = x_t != mask_id
+    one_hot = torch.nn.functional.one_hot(x_t.long(), probs.shape[-1]).to(probs)
+    return torch.where(known.unsqueeze(-1), one_hot, probs)
+
+
+def mixture_step(logits: Tensor, x_t: Tensor, kappa_t: float, kappa_next: float,
+                 mask_id: int | None = None) -> Categorical:
+    """The step ``t -> t + h`` of a mixture path (masked source with ``mask_id``, else uniform).
+
+    The rate of a mixture path is linear in the posterior,
+    ``u(y | x_t) = kappa'(t) / (1 - kappa(t)) * p_theta(y | x_t)`` for ``y != x_t``, so the step
+    is an exact categorical: with probability ``a = (kappa(t+h) - kappa(t)) / (1 - kappa(t))`` the
+    token jumps to a draw of the posterior, else it stays,
+    ``P(y) = a p_theta(y | x_t) + (1 - a) [y = x_t]``. (``kappa'(t) h`` is taken as the increment
+    ``kappa(t+h) - kappa(t)``: exact for the masked path's unmasking probability, and every
+    probability stays in [0, 1] at any step size.) For the masked source a masked token
+    unmasks with probability ``a`` to a token drawn from ``p_theta``; unmasked tokens stay."""
+    if not 0.0 <= kappa_t < 1.0 or not kappa_t <= kappa_next <= 1.0:
+        raise ValueError(f"a mixture step needs 0 <= kappa(t) < 1 and kappa(t) <= kappa(t+h) "
+                         f"<= 1; got {kappa_t} and {kappa_next}")
+    a = (kappa_next - kappa_t) / (1.0 - kappa_t)
+    post = posterior(logits, x_t, mask_id)
+    stay = torch.nn.functional.one_hot(x_t.long(), post.shape[-1]).to(post)
+    return Categorical(a * post + (1.0 - a) * stay)
+
+
+def metric_beta(t: float, c: float = 3.0, a: float = 0.9) -> tuple[float, float]:
+    """``(beta_t, d beta_t / dt)`` of the metric-induced path, ``beta_t = c (t / (1 - t))^a``
+    (FUDOKI: ``a = 0.9``, ``c = 3``)."""
+    if not 0.0 < t < 1.0:
+        raise ValueError(f"the metric path's beta is defined for 0 < t < 1; got t = {t}")
+    beta = c * (t / (1.0 - t)) ** a
+    return beta, beta * a / (t * (1.0 - t))
+
+
+def metric_rates(x_t: Tensor, x1: Tensor, distance: Tensor, beta: float,
+                 dbeta: float) -> Tensor:
+    """``[..., V]`` the conditional rates ``u(y | x_t, x1)`` of the metric-induced path.
+
+    ``u(y) = softmax(-beta_t d(x1, .))(y) * beta_t' * relu(d(x_t, x1) - d(x1, y))``, and 0 at
+    ``y = x_t``: the chain only jumps to tokens closer to ``x1`` than it is.
+
+    Args:
+        x_t, x1: integer tensors of one shape (a token each).
+        distance: ``[V, V]`` the metric ``d`` between tokens (symmetric, zero diagonal).
+    """
+    d_x1 = distance[x1.long()]  # [..., V]: d(x1, y)
+    target = torch.softmax(-beta * d_x1, -1)
+    closer = (distance[x_t.long(), x1.long()].unsqueeze(-1) - d_x1).clamp_min(0.0)
+    rates = target * dbeta * closer
+    return rates.scatter(-1, x_t.long().unsqueeze(-1), 0.0)
+
+
+def metric_kernel(x_t: Tensor, x1: Tensor, distance: Tensor, t: float, h: float,
+                  c: float = 3.0, a: float = 0.9) -> Tensor:
+    """``[..., V]`` the step's distribution given ``x1``: the exponential form of the CTMC step,
+    ``u(y) / lambda * (1 - exp(-h lambda))`` for a jump and ``exp(-h lambda)`` for a stay, with
+    ``lambda = sum_y u(y)`` (the rates held at time ``t``)."""
+    beta, dbeta = metric_beta(t, c, a)
+    rates = metric_rates(x_t, x1, distance, beta, dbeta)
+    total = rates.sum(-1, keepdim=True)
+    stay = torch.exp(-h * total)
+    jump = torch.where(total > 0, rates / total.clamp_min(_TINY), torch.zeros_like(rates))
+    kernel = jump * (1.0 - stay)
+    return kernel.scatter(-1, x_t.long().unsqueeze(-1), stay)
+
+
+def metric_step(logits: Tensor, x_t: Tensor, distance: Tensor, t: float, h: float,
+                c: float = 3.0, a: float = 0.9) -> Categorical:
+    """The exact step of the metric-induced path: ``P(y) = sum_x1 p_theta(x1 | x_t) K(y | x_t,
+    x1)``, summed over the whole vocabulary (``[B, L, V, V]`` memory: small vocabularies)."""
+    post = posterior(logits, x_t)
+    v = post.shape[-1]
+    every = torch.arange(v, device=x_t.device)
+    kernels = metric_kernel(x_t.unsqueeze(-1).expand(*x_t.shape, v), every.expand(*x_t.shape, v),
+                            distance, t, h, c, a)  # [B, L, x1, y]
+    return Categorical((post.unsqueeze(-1) * kernels).sum(-2))
+
+
+def metric_step_log_prob_mc(logits: Tensor, old_logits: Tensor, x_t: Tensor, x_next: Tensor,
+                            distance: Tensor, t: float, h: float, n_mc: int,
+                            generator: torch.Generator | None = None, c: float = 3.0,
+                            a: float = 0.9) -> Tensor:
+    """``[B, L]`` dFlowGRPO's Monte-Carlo estimate of each token's step log-probability.
+
+    Draws ``X1_j ~ p_old(. | x_t)`` (``j < n_mc``) and averages the importance-weighted kernels,
+    ``P_theta(x_next) ~ (1/n) sum_j p_theta(X1_j) K_j(x_next) / p_old(X1_j)``: an unbiased estimate
+    of :func:`metric_step`'s probability whose spread falls as ``1 / sqrt(n_mc)``. At
+    ``logits == old_logits`` every weight is 1, so the ratio of two estimates made from the same
+    draws is exactly 1 before an update."""
+    if n_mc < 1:
+        raise ValueError(f"n_mc must be a positive integer; got {n_mc}")
+    post = posterior(logits, x_t)
+    old = posterior(old_logits, x_t).detach()
+    b, length, v = old.shape
+    draws = torch.multinomial(old.reshape(-1, v), n_mc, replacement=True,
+                              generator=generator).reshape(b, length, n_mc)
+    here = x_t.unsqueeze(-1).expand_as(draws)
+    kernels = metric_kernel(here, draws, distance, t, h, c, a)  # [B, L, n, V]
+    k_next = kernels.gather(-1, x_next.long()[..., None, None].expand(b, length, n_mc, 1))
+    weights = post.gather(-1, draws) / old.gather(-1, draws).clamp_min(_TINY)
+    estimate = (weights * k_next.squeeze(-1)).mean(-1)
+    return estimate.clamp_min(_TINY).log()
