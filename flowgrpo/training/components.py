@@ -127,7 +127,7 @@ def build_components(cfg: Config, acc: Any, *, sampler: samplers.Sampler | None 
         seed=cfg.run.seed)
     objective = objectives.build(tc.objective, policy, **tc.objective_params)
     pruner = pruning.build(tc.pruner, **tc.pruner_params)
-    eval_prompts = load_prompts(cfg.data.eval_prompts or cfg.data.prompts)
+    eval_prompts = load_prompts(cfg.data.eval_prompts) if cfg.data.eval_prompts else prompts
     return Components(cfg, acc, session, optimizer, ema, calls, sampler, selection, credit,
                       views, objective, pruner, spec, rewards, prompts, eval_prompts)
 
