@@ -24,12 +24,16 @@ from pathlib import Path
 import torch
 
 import samplers
+from pipelines.base import FAMILIES
 from reward_models import REWARDS, RewardOutput
 
-__all__ = ["CONTRACT_SAMPLERS", "check_family_contract"]
+__all__ = ["CONTRACT_SAMPLERS", "DISCRETE_CONTRACT_SAMPLERS", "check_family_contract"]
 
 CONTRACT_SAMPLERS = [("sde", {}), ("cps", {}), ("langevin", {"velocity": "model"})]
-"""The stochastic samplers (name, parameters) the contract rolls out with."""
+"""The stochastic samplers (name, parameters) the contract rolls out a continuous family with."""
+
+DISCRETE_CONTRACT_SAMPLERS = [("ctmc", {})]
+"""The samplers a discrete (token) family is rolled out with."""
 
 _REWARD = "contract_energy"
 
@@ -55,7 +59,8 @@ def check_family_contract(family: str, folder: str | Path, options: dict | None 
     groups of 2, batches of 4 and 3 steps, the family must:
 
     1. encode the prompt set ``prompts`` (a built-in name or a ``.jsonl`` path; edits carry
-       their source images) and roll out with every sampler of :data:`CONTRACT_SAMPLERS`;
+       their source images) and roll out with every sampler of :data:`CONTRACT_SAMPLERS`
+       (a discrete family: :data:`DISCRETE_CONTRACT_SAMPLERS`);
     2. decode to media of its modality (``[B, C, H, W]`` images, ``[B, F, C, H, W]`` video,
        ``[B, C, T]`` audio) that a reward scores with ``B`` finite scores;
     3. replay every trained step with the log-prob it recorded (ratio 1 within 1e-6 before any
@@ -92,7 +97,9 @@ def check_family_contract(family: str, folder: str | Path, options: dict | None 
                     "tensorboard": False},
         })
         idx = torch.arange(4)
-        for name, params in CONTRACT_SAMPLERS:
+        space = getattr(FAMILIES.get(family), "state_space", samplers.CONTINUOUS)
+        contract = CONTRACT_SAMPLERS if space is samplers.CONTINUOUS else DISCRETE_CONTRACT_SAMPLERS
+        for name, params in contract:
             t = Trainer.from_config(cfg, sampler=samplers.build(name, **params))
             batch = t.sample(0)
             media = t.adapter.decode(batch.traj.final)

@@ -3,6 +3,8 @@
 from . import sd3  # noqa: F401  (registers the family)
 from .ace_step import AceStepAdapter  # noqa: F401  (registers the family)
 from .base import FAMILIES, Cond, FlowAdapter, load, names, register
+from .digits_discrete import DigitsDiscreteAdapter  # noqa: F401  (registers the family)
+from .discrete import DiscreteAdapter
 from .f5_tts import F5TTSAdapter  # noqa: F401  (registers the family; f5-tts is optional)
 from .flux import FluxAdapter  # noqa: F401  (registers the family)
 from .flux2 import Flux2KleinAdapter  # noqa: F401  (registers the family)
@@ -12,4 +14,4 @@ from .longcat_tts import LongCatTTSAdapter  # noqa: F401  (registers the family)
 from .qwen_image import QwenImageAdapter  # noqa: F401  (registers the family)
 from .wan import WanAdapter  # noqa: F401  (registers the family)
 
-__all__ = ["FAMILIES", "Cond", "FlowAdapter", "load", "names", "register"]
+__all__ = ["FAMILIES", "Cond", "DiscreteAdapter", "FlowAdapter", "load", "names", "register"]

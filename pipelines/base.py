@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from flowgrpo.registry import Registry
+from samplers.spaces import CONTINUOUS, StateSpace
 
 # The attention projections of both streams of a joint-attention (MMDiT) block: SD3's and
 # FLUX's LoRA recipes train these.
@@ -83,6 +84,8 @@ class FlowAdapter(ABC):
 
     Attributes:
         modality: ``"image"``, ``"video"`` or ``"audio"`` (what :meth:`decode` returns).
+        state_space: the kind of state it generates: continuous latents here, tokens for a
+            :class:`~pipelines.discrete.DiscreteAdapter`.
         pipeline_classes: the diffusers pipeline class names (``model_index.json``'s
             ``_class_name``) this family loads; ``flowgrpo`` checks ``model.path`` against them
             before loading any weight. Empty (the default): the path is not checked.
@@ -100,6 +103,7 @@ class FlowAdapter(ABC):
     """
 
     modality: str = "image"
+    state_space: StateSpace = CONTINUOUS
     pipeline_classes: tuple[str, ...] = ()
     sample_rate: int | None = None
     default_lora_targets: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")

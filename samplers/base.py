@@ -23,6 +23,8 @@ from torch import Tensor
 
 from flowgrpo.registry import Registry
 
+from .spaces import CONTINUOUS, StateSpace
+
 SAMPLERS: Registry[type[Sampler]] = Registry("sampler")
 """Sampler classes by name; ``SAMPLERS.build(name, **params)`` builds one (see :func:`build`)."""
 
@@ -134,6 +136,8 @@ class Sampler:
     """
 
     name: ClassVar[str] = ""
+    # the kind of state the sampler steps in (samplers.spaces): latents unless it says tokens
+    state_space: ClassVar[StateSpace] = CONTINUOUS
     # steps into s' below this are not trained (see :meth:`trainable`); samplers whose steps
     # into tiny noise levels are ill conditioned (cps, langevin) take it as a parameter
     min_train_sigma: float = 0.0
@@ -147,6 +151,18 @@ class Sampler:
     def needs_model_call(self) -> bool:
         """True when :meth:`transition` calls ``velocity_fn`` (a second model call per step)."""
         return False
+
+    def bind(self, adapter: Any) -> Sampler:
+        """Take what the sampler needs from the model it samples (a discrete sampler reads the
+        adapter's token path) and return ``self``; a one-line ``ValueError`` when the sampler's
+        state space is not the adapter's (a Gaussian sampler for a token model, or the reverse).
+        """
+        space = getattr(adapter, "state_space", CONTINUOUS)
+        if space is not self.state_space:
+            raise ValueError(
+                f"sampler {self.name!r} steps in {self.state_space.name} states but the model "
+                f"generates {space.name}: choose a sampler of its kind (flowgrpo list samplers)")
+        return self
 
     def trainable(self, sigma: float, sigma_next: float) -> bool:
         """Whether the step ``sigma -> sigma_next`` is stochastic and well conditioned enough to

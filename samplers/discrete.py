@@ -26,11 +26,16 @@ from ``n_mc`` posterior draws of the old policy, for vocabularies where the sum 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from .base import SAMPLERS, Sampler, Sigma, VelocityFn
+from .spaces import TOKENS
+
 _TINY = 1e-30
+PATHS = ("masked", "uniform", "metric")
 
 
 @dataclass
@@ -43,11 +48,17 @@ class Categorical:
 
     probs: Tensor
 
-    def sample(self, generator: torch.Generator | None = None) -> Tensor:
-        """``[B, L]`` long: one draw per token (``torch.multinomial`` with ``generator``)."""
-        b, length, v = self.probs.shape
-        flat = self.probs.reshape(-1, v).to(torch.float32)
-        return torch.multinomial(flat, 1, generator=generator).reshape(b, length)
+    def sample(self, generator: torch.Generator | None = None,
+               noise: Tensor | None = None) -> Tensor:
+        """``[B, L]`` long: one draw per token by the inverse CDF of a uniform ``noise``
+        ``[B, L]`` in ``[0, 1)`` (drawn from ``generator`` when not given), so a stored noise
+        replays the same tokens."""
+        probs = self.probs.to(torch.float32)
+        if noise is None:
+            noise = torch.rand(probs.shape[:-1], generator=generator, device=probs.device)
+        cdf = probs.cumsum(-1)
+        u = noise.to(torch.float32).unsqueeze(-1) * cdf[..., -1:]
+        return (cdf <= u).sum(-1).clamp_max(probs.shape[-1] - 1)
 
     def token_log_probs(self, x_next: Tensor) -> Tensor:
         """``[B, L]`` log-probability of each realised next token."""
@@ -188,3 +199,129 @@ def metric_step_log_prob_mc(logits: Tensor, old_logits: Tensor, x_t: Tensor, x_n
     weights = post.gather(-1, draws) / old.gather(-1, draws).clamp_min(_TINY)
     estimate = (weights * k_next.squeeze(-1)).mean(-1)
     return estimate.clamp_min(_TINY).log()
+
+
+@dataclass(frozen=True)
+class TokenPath:
+    """The probability path a discrete model was trained on; the adapter owns it, the ``ctmc``
+    sampler steps along it.
+
+    Time runs from the source at ``t = 0`` to the data at ``t = 1``; a schedule's noise level is
+    ``sigma = 1 - t`` (``kappa(t) = t``), so the grids of both state spaces descend from 1 to 0.
+
+    Attributes:
+        kind: ``"masked"`` (source: every token the mask), ``"uniform"`` (source: uniform tokens)
+            or ``"metric"`` (FUDOKI's metric-induced path; source uniform).
+        num_states: ``S``, the values a token takes (the mask included); the model's logits
+            have ``S`` columns (the mask's column is ignored).
+        mask_id: the mask token (masked path only).
+        distance: ``[S, S]`` the metric between tokens (metric path only).
+        c, a: the metric path's ``beta_t = c (t / (1 - t))^a``.
+        t_min: the earliest time the metric path's rates are evaluated at (``beta'`` is
+            infinite at ``t = 0``).
+    """
+
+    kind: str
+    num_states: int
+    mask_id: int | None = None
+    distance: Tensor | None = None
+    c: float = 3.0
+    a: float = 0.9
+    t_min: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if self.kind not in PATHS:
+            raise ValueError(f"unknown token path {self.kind!r}; valid: {', '.join(PATHS)}")
+        if (self.kind == "masked") != (self.mask_id is not None):
+            raise ValueError("a masked path needs its mask_id, and only a masked path has one")
+        if self.kind == "metric" and self.distance is None:
+            raise ValueError("a metric path needs the distance between tokens")
+
+    def source(self, shape: tuple[int, ...], generator: torch.Generator | None = None,
+               device: torch.device | str = "cpu") -> Tensor:
+        """``[*shape]`` long draws of the source: all masks, or uniform tokens."""
+        if self.kind == "masked":
+            return torch.full(shape, self.mask_id, dtype=torch.long, device=device)
+        return torch.randint(0, self.num_states, shape, generator=generator, device=device)
+
+    def corrupt(self, x1: Tensor, sigma: Tensor | float,
+                generator: torch.Generator | None = None) -> Tensor:
+        """A draw of ``x_t ~ p_t(. | x1)`` at ``t = 1 - sigma`` (``sigma`` a float or ``[B]``):
+        the forward process, token by token."""
+        s = torch.as_tensor(sigma, dtype=torch.float32, device=x1.device)
+        s = s.reshape(-1, *([1] * (x1.ndim - 1))) if s.ndim else s
+        if self.kind == "metric":
+            t = (1.0 - s).clamp(self.t_min, 1.0 - 1e-6)
+            beta = self.c * (t / (1.0 - t)) ** self.a
+            probs = torch.softmax(-beta.unsqueeze(-1) * self.distance.to(x1.device)[x1], -1)
+            return Categorical(probs).sample(generator)
+        keep = torch.rand(x1.shape, generator=generator, device=x1.device) >= s
+        other = self.source(tuple(x1.shape), generator, x1.device)
+        return torch.where(keep, x1, other)
+
+
+def _steps(sigma: Sigma, sigma_next: Sigma, batch: int) -> list[tuple[float, float, Tensor]]:
+    """``(s, s', rows)`` for each distinct step in a batch of ``batch`` rows."""
+    if not isinstance(sigma, Tensor) and not isinstance(sigma_next, Tensor):
+        return [(float(sigma), float(sigma_next), torch.arange(batch))]
+    s = torch.as_tensor(sigma, dtype=torch.float64).reshape(-1).expand(batch).cpu()
+    n = torch.as_tensor(sigma_next, dtype=torch.float64).reshape(-1).expand(batch).cpu()
+    pairs = torch.stack([s, n], 1)
+    return [(float(a), float(b), (pairs == torch.tensor([a, b])).all(1).nonzero().flatten())
+            for a, b in torch.unique(pairs, dim=0).tolist()]
+
+
+@SAMPLERS.register("ctmc")
+class CTMC(Sampler):
+    """The exact step of a discrete flow along the model's token path (docs/design.md,
+    "Discrete steps"): :func:`mixture_step` for the masked and uniform sources,
+    :func:`metric_step` (summed over the vocabulary) for the metric-induced path. The step into
+    ``sigma' = 0`` draws the clean tokens from the posterior itself.
+
+    It steps in token states: ``bind`` it to a discrete adapter (the trainer does) before use.
+    Its steps into ``sigma' = 0`` are not trained (dFlowGRPO's default: the last step excluded).
+    """
+
+    name = "ctmc"
+    state_space = TOKENS
+
+    def __init__(self) -> None:
+        self.path: TokenPath | None = None
+
+    @property
+    def is_stochastic(self) -> bool:
+        return True
+
+    def bind(self, adapter: Any) -> CTMC:
+        super().bind(adapter)
+        self.path = adapter.path
+        return self
+
+    def config(self) -> dict[str, Any]:
+        return {}
+
+    def transition(self, v: Tensor, x: Tensor, sigma: Sigma, sigma_next: Sigma,
+                   velocity_fn: VelocityFn | None = None) -> Categorical:
+        """``[B, L, S]`` per-token categorical of the next tokens given the posterior logits
+        ``v`` ``[B, L, S]`` at tokens ``x`` ``[B, L]`` and noise level ``sigma``."""
+        path = self.path
+        if path is None:
+            raise ValueError("the ctmc sampler is not bound to a model: call sampler.bind(adapter)")
+        if v.shape[:-1] != x.shape or v.shape[-1] != path.num_states:
+            raise ValueError(f"logits {tuple(v.shape)} must be the tokens' shape {tuple(x.shape)} "
+                             f"plus the path's {path.num_states} states")
+        probs = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+        for s, s_next, rows in _steps(sigma, sigma_next, x.shape[0]):
+            rows = rows.to(v.device)
+            probs[rows] = self._step(v[rows], x[rows], s, s_next).probs
+        return Categorical(probs)
+
+    def _step(self, logits: Tensor, x: Tensor, s: float, s_next: float) -> Categorical:
+        path = self.path
+        if s_next <= 0.0:  # into the data: the clean tokens themselves
+            return Categorical(posterior(logits, x, path.mask_id))
+        if path.kind == "metric":
+            t = min(max(1.0 - s, path.t_min), 1.0 - 1e-6)
+            return metric_step(logits, x, path.distance.to(logits.device), t, s - s_next,
+                               path.c, path.a)
+        return mixture_step(logits, x, 1.0 - s, 1.0 - s_next, path.mask_id)

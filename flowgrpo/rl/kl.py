@@ -8,6 +8,8 @@ name             per sample                                         inputs
 ================ ================================================== ==============================
 ``exact``        ``mean_el((mu - mu_ref)^2) / (2 std^2)``: the      per-step transitions (``ratio``)
                  exact KL between the two Gaussian transitions
+                 (per token ``sum_y p log(p / p_ref)`` between
+                 two categorical ones)
 ``flow_grpo``    ``mean_el((mu - mu_ref)^2) / (2 g^2)``: Flow-GRPO's per-step transitions
                  code, without ``|dt|`` (``std^2 = g^2 |dt|``), i.e.
                  ``exact * |dt|``
@@ -46,7 +48,11 @@ class KLInputs:
         mean, ref_mean: ``[B, ...]`` transition means of the policy (with grad) and reference.
         std: ``[B, 1, ..., 1]`` the transitions' shared std; ``dt``: ``[B]`` or a float, ``s' - s``.
         v, ref_v: ``[B, ...]`` velocities of the policy and reference on the same inputs.
-        logp, ref_logp: ``[B]`` log-likelihoods of the policy and reference.
+        logp, ref_logp: ``[B]`` log-likelihoods of the policy and reference (for a replayed
+            step: of the stored next state under each transition).
+        transition, ref_transition: the policy's and the reference's transitions from the same
+            state (any kind: :meth:`samplers.Transition.kl` or
+            :meth:`samplers.Categorical.kl`).
         weight: optional per-position weight broadcastable to ``mean`` / ``v`` (the condition's
             ``LOGPROB_WEIGHT``: 0 where the model generates nothing); element means become
             ``mean_el(weight * ...)`` like the log-prob's.
@@ -61,6 +67,8 @@ class KLInputs:
     logp: Tensor | None = None
     ref_logp: Tensor | None = None
     weight: Tensor | None = None
+    transition: object | None = None
+    ref_transition: object | None = None
 
 
 def _mean_el(t: Tensor, weight: Tensor | None = None) -> Tensor:
@@ -79,6 +87,8 @@ def _need(inputs: KLInputs, *names: str) -> list:
 
 @KL_ESTIMATORS.register("exact")
 def exact_kl(inputs: KLInputs) -> Tensor:
+    if inputs.transition is not None and inputs.ref_transition is not None:
+        return inputs.transition.kl(inputs.ref_transition, weight=inputs.weight)
     mean, ref_mean, std = _need(inputs, "mean", "ref_mean", "std")
     policy, reference = samplers.Transition(mean, std), samplers.Transition(ref_mean.detach(), std)
     return policy.kl(reference, weight=inputs.weight)

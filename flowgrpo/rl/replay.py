@@ -1,8 +1,9 @@
-"""Replaying a trained step with gradients: the per-step Gaussian log-prob and its KL.
+"""Replaying a trained step with gradients: the per-step log-prob and its KL.
 
 For trained step ``j`` of sample ``i`` (the step ``k = trained[i, j]``): recompute the velocity at
 ``(x_k, s_k)`` under the same guidance (and, for a view, that view's condition), rebuild the
-sampler's Gaussian transition and take the log-prob of the stored ``x_{k+1}``. With a reference
+sampler's transition (a Gaussian, or a per-token categorical) and take the log-prob of the
+stored ``x_{k+1}``. With a reference
 (``with_kl``), the KL is between the policy's and the reference's transitions from the same
 ``x_k`` (same std). The ``ratio`` objective (:mod:`flowgrpo.rl.objectives`) turns these into a loss.
 """
@@ -95,8 +96,9 @@ def replay_step(
         k = traj.trained[idx, j].to(traj.latents.device)
     rows = idx.to(traj.latents.device)
     cond = (traj.cond if cond is None else cond).index(idx)
-    x = traj.latents[rows, k].float()
-    x_next = traj.latents[rows, k + 1].float()
+    space, stored = adapter.state_space, traj.latents.dtype
+    x = space.store(traj.latents[rows, k], stored)
+    x_next = space.store(traj.latents[rows, k + 1], stored)
     s, s_next = step_sigmas(traj, k)
     sigma = traj.sigmas.to(x.device)[k]
     velocity = model_velocity(adapter, cond, guidance, autocast)
@@ -112,5 +114,9 @@ def replay_step(
         ref_velocity = model_velocity(adapter, cond, guidance, autocast)
         ref = sampler.transition(ref_velocity(x, sigma), x, s, s_next, velocity_fn=ref_velocity)
     dt = s_next - s
-    return StepResult(log_prob, kl(KLInputs(mean=tr.mean, ref_mean=ref.mean, std=tr.std, dt=dt,
-                                            weight=weight)))
+    logp = log_prob if regions is None else tr.log_prob(x_next, weight=weight)
+    inputs = KLInputs(mean=getattr(tr, "mean", None), ref_mean=getattr(ref, "mean", None),
+                      std=getattr(tr, "std", None), dt=dt, weight=weight, transition=tr,
+                      ref_transition=ref, logp=logp,
+                      ref_logp=ref.log_prob(x_next, weight=weight))
+    return StepResult(log_prob, kl(inputs))

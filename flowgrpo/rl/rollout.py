@@ -36,7 +36,8 @@ class Trajectory:
     """One rollout batch.
 
     Attributes:
-        latents: ``[B, T+1, ...]`` latents before/after each of the T steps taken (storage dtype).
+        latents: ``[B, T+1, ...]`` states before/after each of the T steps taken: latents in the
+            storage dtype, or tokens ``[B, T+1, L]`` (long) of a discrete model.
         sigmas: ``[T+1]`` float32 grid of the steps taken; with MixGRPO-Flash the deterministic
             DPM-Solver tail after the last trained step is recorded as one final step to 0.
         trained: ``[B, J]`` long, the stochastic step indices ``k`` (``sigmas[k] ->
@@ -107,6 +108,10 @@ def integrate(
 ) -> torch.Tensor:
     """Deterministic solve of the probability-flow ODE from ``x`` at ``sigmas[0]`` along
     ``sigmas`` (one model call per step); ``[B, ...]`` float32 at ``sigmas[-1]``."""
+    if not x.is_floating_point():
+        raise ValueError("tokens have no deterministic completion: a discrete model completes "
+                         "a trajectory by sampling (credit schemes that solve the ODE, such as "
+                         "turning_point, need a continuous model)")
     if method == "dpm2":
         return samplers.dpm_solver_2m(velocity, x, sigmas)
     if method != "euler":
@@ -144,15 +149,16 @@ def solve(
 
 
 def step_noise(x: torch.Tensor, stochastic: torch.Tensor,
-               generator: torch.Generator | list[torch.Generator] | None) -> torch.Tensor:
-    """Standard-normal noise shaped like ``x`` for one step: from one generator for the whole
-    batch, or from each stochastic sample's own generator (zeros for the others)."""
+               generator: torch.Generator | list[torch.Generator] | None,
+               space: samplers.StateSpace = samplers.CONTINUOUS) -> torch.Tensor:
+    """The standard randomness of one step, shaped like ``x`` (the space's: normal for latents,
+    uniform for tokens): from one generator for the whole batch, or from each stochastic
+    sample's own generator (zeros for the others)."""
     if not isinstance(generator, (list, tuple)):
-        return torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+        return space.noise(x.shape, generator, x.device)
     noise = torch.zeros(x.shape, device=x.device, dtype=torch.float32)
     for i in stochastic.nonzero().flatten().tolist():
-        noise[i] = torch.randn(x.shape[1:], generator=generator[i], device=x.device,
-                               dtype=torch.float32)
+        noise[i] = space.noise(x.shape[1:], generator[i], x.device)
     return noise
 
 
@@ -183,12 +189,13 @@ def rollout(
     velocity = model_velocity(adapter, cond, spec.guidance, spec.autocast)
     weight = cond.tensors.get(LOGPROB_WEIGHT)  # positions the model does not generate: 0
     ode, dtype = samplers.build("ode"), spec.storage_dtype
+    space = adapter.state_space
     trained = trained.to(noise.device).long().sort(dim=1).values
     batch, num = trained.shape
     last = int(trained.max()) if num else -1
     flash_at = last + 1 if spec.after_window == "dpm2" and num else None
-    x = noise.to(dtype).float()
-    states, grid = [x.to(dtype)], [sigmas[0]]
+    x = space.store(noise, dtype)
+    states, grid = [space.stored(x, dtype)], [sigmas[0]]
     log_probs = torch.zeros(batch, num, device=noise.device)
     for k in range(len(sigmas) - 1):
         if k == flash_at:
@@ -202,20 +209,23 @@ def rollout(
         v = velocity(x, _sigma(s, x))
         here = trained == k  # [B, J]
         stochastic = here.any(1)
-        if bool(stochastic.any()):
+        # a discrete chain draws at every step; latents draw only where a sample trains
+        drawn = torch.ones_like(stochastic) if space.random_every_step else stochastic
+        if bool(drawn.any()):
             tr = spec.sampler.transition(v, x, float(s), float(s_next), velocity_fn=velocity)
-            x_new = tr.sample(noise=step_noise(x, stochastic, generator))
-            x_new = x_new.to(dtype).float()
-            lp = tr.log_prob(x_new, weight=weight)
-            log_probs = torch.where(here, lp[:, None], log_probs)
-            if not bool(stochastic.all()):
+            x_new = tr.sample(noise=step_noise(x, drawn, generator, space))
+            x_new = space.store(x_new, dtype)
+            if bool(stochastic.any()):
+                lp = tr.log_prob(x_new, weight=weight)
+                log_probs = torch.where(here, lp[:, None], log_probs)
+            if not bool(drawn.all()):
                 euler = ode.transition(v, x, float(s), float(s_next)).mean.to(dtype).float()
-                mask = stochastic.reshape(-1, *([1] * (x.ndim - 1)))
+                mask = drawn.reshape(-1, *([1] * (x.ndim - 1)))
                 x_new = torch.where(mask, x_new, euler)
             x = x_new
         else:
             x = ode.transition(v, x, float(s), float(s_next)).mean.to(dtype).float()
-        states.append(x.to(dtype))
+        states.append(space.stored(x, dtype))
         grid.append(s_next)
     return Trajectory(torch.stack(states, 1), torch.stack(grid).float(), trained,
                       log_probs.float(), cond)

@@ -113,6 +113,7 @@ def build_components(cfg: Config, acc: Any, *, sampler: samplers.Sampler | None 
     ema = EMA(params, tc.ema_decay) if tc.ema else None
     if sampler is None:
         sampler = samplers.build(cfg.sampler.name, **cfg.sampler.params)
+    sampler.bind(adapter)  # a discrete sampler reads the model's token path; kinds must match
     selection = steps_lib.build(tc.step_selection, seed=cfg.run.seed, **tc.step_selection_params)
     credit = credit_lib.build(tc.credit, **tc.credit_params)
     views = Views(tc.views, tc.enhancer, tc.enhancer_params, cfg.run.seed)

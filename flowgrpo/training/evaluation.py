@@ -1,4 +1,5 @@
-"""Evaluation: the deterministic (Euler) sampler on fixed prompts with fixed per-image seeds.
+"""Evaluation: the deterministic (Euler) sampler on fixed prompts with fixed per-image seeds (a
+discrete model: its sampler, each image drawn from its own fixed seed).
 
 Each eval image ``i`` has its own seed, so its initial noise does not depend on the batch
 layout or the number of processes; the same model gives the same eval images every time.
@@ -53,14 +54,30 @@ def generate(
 ) -> torch.Tensor:
     """Decoded media for ``prompts`` (one seed each, with their ``metadata``, which ``encode``
     reads for image-conditioned families); Euler (:func:`solve`) unless a stochastic
-    ``sampler`` is given (then every step but the last is stochastic)."""
+    ``sampler`` is given (then every step but the last is stochastic).
+
+    A discrete model has no deterministic solve: it samples with ``sampler`` (required), each
+    image's steps drawn from its own generator seeded from its seed, so an image does not depend
+    on its batch-mates or the number of processes (fixed-seed sampling, not argmax: the argmax
+    of a masked step would keep every token masked)."""
     sigmas = adapter.schedule(num_steps)
+    space = adapter.state_space
+    if sampler is not None:
+        sampler.bind(adapter)
+    elif not space.deterministic_eval:
+        raise ValueError(f"a {space.name} model is evaluated by sampling: pass its sampler")
     metadata = metadata if metadata is not None else [{} for _ in prompts]
     out = []
     for sl in chunks(len(prompts), batch_size):
         noise, cond = fixed_noise(adapter, seeds[sl]), encode(prompts[sl], metadata[sl])
         if sampler is None or not sampler.is_stochastic:
             final = solve(adapter, noise, sigmas, cond, guidance, autocast=autocast)
+        elif space.random_every_step:  # every step a draw from the image's own stream
+            gens = [torch.Generator(adapter.device).manual_seed(stream_seed("eval_steps", seed))
+                    for seed in seeds[sl]]
+            none = torch.zeros(len(noise), 0, dtype=torch.long)
+            final = rollout(adapter, RolloutSpec(sampler, guidance, autocast=autocast), cond,
+                            noise, sigmas, none, generator=gens).final
         else:
             # the chunk's step noise: from its first image's seed (a stream seed already)
             gen = torch.Generator(adapter.device).manual_seed(seeds[sl][0])
@@ -81,15 +98,22 @@ class Evaluator:
         ema: weights swapped in during eval (optional).
         encode: encodes prompts in place of ``session.encode`` (the CLI encodes each chunk in
             one adapter call).
+        sampler: the run's sampler, which a discrete model is evaluated with (default: built
+            from ``cfg.sampler``); a continuous model is evaluated with the Euler ODE.
     """
 
     def __init__(self, cfg: Config, session: ModelSession, rewards: RewardRunner,
                  prompts: list[Prompt], acc, tracker=None, ema=None,
-                 encode: Callable | None = None) -> None:
+                 encode: Callable | None = None,
+                 sampler: samplers.Sampler | None = None) -> None:
         self.cfg, self.session, self.rewards = cfg, session, rewards
         self.adapter, self.encode = session.adapter, encode or session.encode
         self.acc, self.tracker, self.ema = acc, tracker, ema
         self.items = eval_items(prompts, cfg.data.eval_images_per_prompt)
+        self.sampler = None
+        if not self.adapter.state_space.deterministic_eval:
+            self.sampler = (sampler or samplers.build(cfg.sampler.name, **cfg.sampler.params)
+                            ).bind(self.adapter)
 
     def run(self, step: int) -> dict:
         """``eval/reward`` (and ``eval/<component>``) over all processes; saves a grid."""
@@ -101,7 +125,8 @@ class Evaluator:
                              cfg.sampler.eval_num_steps or cfg.sampler.num_steps,
                              self.session.guidance,
                              cfg.train.sample_batch_size or cfg.train.batch_size,
-                             autocast=self.session.autocast, metadata=[m for _, m, _ in mine])
+                             sampler=self.sampler, autocast=self.session.autocast,
+                             metadata=[m for _, m, _ in mine])
         per_prompt = cfg.data.eval_images_per_prompt  # chunks keep a prompt's images together
         out = RewardOutput.cat([
             self.rewards.score(media[sl], prompts[sl], [m for _, m, _ in mine[sl]])

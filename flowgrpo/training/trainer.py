@@ -79,7 +79,7 @@ class Trainer:
             purge_step=self.start_epoch + 1 if run.checkpoint is not None else None,
         )
         self.evaluator = Evaluator(cfg, self.session, self.rewards, c.eval_prompts, acc,
-                                   self.tracker, self.ema)
+                                   self.tracker, self.ema, sampler=c.sampler)
 
     @classmethod
     def from_config(cls, config: Config, resume: str | None = None, overwrite: bool = False, *,

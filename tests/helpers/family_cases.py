@@ -17,6 +17,7 @@ import torch
 
 import pipelines
 from helpers.tiny import tiny_sd3_pipeline
+from helpers.tiny_discrete import tiny_digits_discrete_pipeline
 from helpers.tiny_editing import tiny_flux_kontext_pipeline
 from helpers.tiny_families import (
     tiny_ace_step_pipeline,
@@ -39,6 +40,7 @@ from pipelines import (
     QwenImageAdapter,
     WanAdapter,
 )
+from pipelines.digits_discrete import DigitsDiscreteAdapter
 from pipelines.flux_kontext import FluxKontextAdapter
 from pipelines.sd3 import SD3Adapter
 
@@ -96,6 +98,8 @@ CASES = {
     ),
     "qwen_image": Case(tiny_qwen_image_pipeline, QwenImageAdapter, dict(height=32, width=32),
                        dict(height=32, width=32)),
+    # a discrete family: tokens, rolled out by the contract with the discrete samplers
+    "digits_discrete": Case(tiny_digits_discrete_pipeline, DigitsDiscreteAdapter),
 }
 
 
