@@ -6,8 +6,9 @@ log-density of a stored ``x'`` and the KL between two transitions are shared fun
 Gaussian (:func:`sample_next`, :func:`gaussian_log_prob`, :func:`gaussian_kl`). Token models
 step with ``ctmc`` (:mod:`samplers.discrete`): a per-token :class:`Categorical` along the
 adapter's :class:`TokenPath`; :mod:`samplers.spaces` says how each kind of state is stored.
-:class:`Window` picks the trained steps (MixGRPO); :func:`dpm_solver_2m` and :func:`flash_sigmas` solve the
-part after the window (MixGRPO-Flash). Importing this package needs only torch.
+:class:`Window` picks the trained steps (MixGRPO); :func:`dpm_solver_2m` and
+:func:`flash_sigmas` solve the part after the window (MixGRPO-Flash). Importing this package
+needs only torch.
 """
 
 from . import cps, discrete, langevin, ode, sde  # noqa: F401  (importing registers the samplers)
