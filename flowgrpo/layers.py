@@ -10,7 +10,8 @@ GROUND = ("flowgrpo.errors", "flowgrpo.layers", "flowgrpo.registry", "flowgrpo.s
           "flowgrpo.validation", "flowgrpo.console", "flowgrpo.distributed", "flowgrpo.audio")
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("ground", GROUND),
-    ("libraries", ("samplers", "reward_models", "pipelines")),
+    ("math", ("samplers",)),  # the state spaces and their steps, which a model family declares
+    ("libraries", ("reward_models", "pipelines")),
     ("data", ("flowgrpo.data",)),
     ("rl", ("flowgrpo.rl",)),
     ("config", ("flowgrpo.config",)),
@@ -22,5 +23,5 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("old paths", ("flowgrpo._compat",)),  # the flat layout's module names (README, "Changelog")
 ]
 """Bottom to top. A module imports modules of its own unit (the prefix it matched) or of lower
-layers only. Two units of one layer never import each other (the three libraries stay apart),
+layers only. Two units of one layer never import each other (rewards and pipelines stay apart),
 and the ground imports nothing of the project but ``flowgrpo.errors``."""

@@ -79,6 +79,9 @@ STREAMS: dict[str, Stream] = _declare(
            "a likelihood-free objective's timesteps and noise, per global sample index"),
     Stream("pruning", ("seed", "epoch"), lambda seed, epoch: hash_seed(seed, epoch, 4),
            "the pruner's coins over the epoch's gathered batch"),
+    Stream("posterior_draws", ("seed", "iteration", "sample"),
+           lambda seed, iteration, sample: hash_seed(seed, iteration, sample, 6),
+           "dflow_grpo's Monte-Carlo posterior draws of a sample's trained steps"),
     Stream("process", ("seed", "rank"), lambda seed, rank: seed + rank,
            "the process-global generators (python, numpy, torch) seeded at start"),
     # step selection and samplers
@@ -105,6 +108,9 @@ STREAMS: dict[str, Stream] = _declare(
            "the initial noise of evaluation image number ``image`` (not the run's seed)"),
     Stream("sample_noise", ("seed", "image"), lambda seed, image: seed + image,
            "the initial noise of image number ``image`` of ``flowgrpo sample --seed``"),
+    Stream("image_steps", ("noise_seed",), lambda noise_seed: hash_seed(noise_seed, 5),
+           "the step draws of a discrete model's image with initial-noise seed ``noise_seed`` "
+           "(evaluation and ``flowgrpo sample``)"),
     Stream("tts_hard_prompts", ("seed",), lambda seed: seed,
            "the built-in hard TTS prompt set's choices"),
 )

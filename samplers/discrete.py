@@ -175,6 +175,36 @@ def metric_step(logits: Tensor, x_t: Tensor, distance: Tensor, t: float, h: floa
     return Categorical((post.unsqueeze(-1) * kernels).sum(-2))
 
 
+def metric_mc_draws(old_logits: Tensor, x_t: Tensor, x_next: Tensor, distance: Tensor, t: float,
+                    h: float, uniforms: Tensor, c: float = 3.0,
+                    a: float = 0.9) -> tuple[Tensor, Tensor]:
+    """dFlowGRPO's posterior draws of one step and their importance factors.
+
+    ``X1_j ~ p_old(. | x_t)`` by the inverse CDF of ``uniforms`` ``[B, L, n]`` (``n = n_mc``
+    draws per token), and ``factor_j = K_j(x_next) / p_old(X1_j)``, the kernel of the realised
+    next token given ``X1_j`` over the draw's old probability. Returns ``(draws [B, L, n] long,
+    factors [B, L, n] float32)``; :func:`metric_mc_log_prob` turns them into the estimate under
+    any policy. Both are fixed per rollout, so the old and the new policy share them."""
+    old = posterior(old_logits.detach(), x_t)
+    b, length, n = uniforms.shape
+    cdf = old.cumsum(-1)  # [B, L, V]
+    u = uniforms.to(torch.float32).unsqueeze(-1) * cdf[..., -1:].unsqueeze(-2)  # [B, L, n, 1]
+    draws = (cdf.unsqueeze(-2) <= u).sum(-1).clamp_max(old.shape[-1] - 1)  # [B, L, n]
+    here = x_t.long().unsqueeze(-1).expand_as(draws)
+    kernels = metric_kernel(here, draws, distance, t, h, c, a)  # [B, L, n, V]
+    k_next = kernels.gather(-1, x_next.long()[..., None, None].expand(b, length, n, 1))
+    factors = k_next.squeeze(-1) / old.gather(-1, draws).clamp_min(_TINY)
+    return draws, factors
+
+
+def metric_mc_log_prob(logits: Tensor, x_t: Tensor, draws: Tensor, factors: Tensor) -> Tensor:
+    """``[B, L]`` the Monte-Carlo step log-probability under the policy of ``logits``:
+    ``log (1/n) sum_j p_theta(X1_j | x_t) factor_j`` (gradient through ``p_theta``)."""
+    post = posterior(logits, x_t)
+    estimate = (post.gather(-1, draws) * factors).mean(-1)
+    return estimate.clamp_min(_TINY).log()
+
+
 def metric_step_log_prob_mc(logits: Tensor, old_logits: Tensor, x_t: Tensor, x_next: Tensor,
                             distance: Tensor, t: float, h: float, n_mc: int,
                             generator: torch.Generator | None = None, c: float = 3.0,
@@ -185,20 +215,13 @@ def metric_step_log_prob_mc(logits: Tensor, old_logits: Tensor, x_t: Tensor, x_n
     ``P_theta(x_next) ~ (1/n) sum_j p_theta(X1_j) K_j(x_next) / p_old(X1_j)``: an unbiased estimate
     of :func:`metric_step`'s probability whose spread falls as ``1 / sqrt(n_mc)``. At
     ``logits == old_logits`` every weight is 1, so the ratio of two estimates made from the same
-    draws is exactly 1 before an update."""
+    draws is exactly 1 before an update. (:func:`metric_mc_draws` then
+    :func:`metric_mc_log_prob`.)"""
     if n_mc < 1:
         raise ValueError(f"n_mc must be a positive integer; got {n_mc}")
-    post = posterior(logits, x_t)
-    old = posterior(old_logits, x_t).detach()
-    b, length, v = old.shape
-    draws = torch.multinomial(old.reshape(-1, v), n_mc, replacement=True,
-                              generator=generator).reshape(b, length, n_mc)
-    here = x_t.unsqueeze(-1).expand_as(draws)
-    kernels = metric_kernel(here, draws, distance, t, h, c, a)  # [B, L, n, V]
-    k_next = kernels.gather(-1, x_next.long()[..., None, None].expand(b, length, n_mc, 1))
-    weights = post.gather(-1, draws) / old.gather(-1, draws).clamp_min(_TINY)
-    estimate = (weights * k_next.squeeze(-1)).mean(-1)
-    return estimate.clamp_min(_TINY).log()
+    uniforms = torch.rand(*x_t.shape, n_mc, generator=generator, device=x_t.device)
+    draws, factors = metric_mc_draws(old_logits, x_t, x_next, distance, t, h, uniforms, c, a)
+    return metric_mc_log_prob(logits, x_t, draws, factors)
 
 
 @dataclass(frozen=True)

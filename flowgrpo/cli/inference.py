@@ -54,11 +54,14 @@ def _device(cfg: Config) -> str:
     return "cuda" if torch.cuda.is_available() and not cfg.run.cpu else "cpu"
 
 
-def sample(cfg: Config | None, run: str | None, prompts: list[str] | None, sampler: str,
+def sample(cfg: Config | None, run: str | None, prompts: list[str] | None, sampler: str | None,
            num_steps: int | None, seed: int, num: int, out: str) -> Path:
-    """Write a grid of ``num`` samples per prompt to ``out`` and return its path."""
+    """Write a grid of ``num`` samples per prompt to ``out`` and return its path (``sampler``
+    None: the ODE, or the config's sampler for a discrete model, which has no ODE)."""
     cfg = cfg if cfg is not None else run_config(run)
     adapter = load_trained(cfg, run, _device(cfg))
+    if sampler is None:
+        sampler = "ode" if adapter.state_space.deterministic_eval else cfg.sampler.name
     items = ([(p, {}) for p in prompts] if prompts
              else load_prompts(cfg.data.eval_prompts or cfg.data.prompts))
     all_prompts = [p for p, _ in items for _ in range(num)]

@@ -191,7 +191,8 @@ def _sample_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run", default=None, help="run or checkpoint folder (default: base model)")
     p.add_argument("--prompt", action="append", default=None, help="prompt (repeatable; "
                    "default: the config's eval prompts)")
-    p.add_argument("--sampler", default="ode", help="sampler name (default: ode)")
+    p.add_argument("--sampler", default=None,
+                   help="sampler name (default: ode; a discrete model: the config's sampler)")
     p.add_argument("--num-steps", type=int, default=None, help="denoising steps")
     p.add_argument("--num", type=int, default=4, help="images per prompt")
     p.add_argument("--seed", type=int, default=0)

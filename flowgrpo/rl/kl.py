@@ -20,6 +20,9 @@ name             per sample                                         inputs
                  "girsanov" term)
 ``log_ratio``    ``exp(d) - d - 1``, ``d = logp_ref - logp``        log-likelihoods (``elbo``,
                  (Schulman's k3; >= 0)                              ``awm``)
+``ratio_k3``     ``(r - 1) - log r``, ``r = exp(logp - logp_ref)``  log-likelihoods
+                 (dFlowGRPO's code: k3 with the ratio the other     (``dflow_grpo``)
+                 way round; >= 0)
 ================ ================================================== ==============================
 
 Our ``exact`` KL is Flow-GRPO's divided by ``|dt|``, 4 to 100 times larger per step on a shifted
@@ -118,6 +121,13 @@ def log_ratio_kl(inputs: KLInputs) -> Tensor:
     logp, ref_logp = _need(inputs, "logp", "ref_logp")
     d = ref_logp.detach().float() - logp.float()
     return d.exp() - d - 1.0
+
+
+@KL_ESTIMATORS.register("ratio_k3")
+def ratio_k3_kl(inputs: KLInputs) -> Tensor:
+    logp, ref_logp = _need(inputs, "logp", "ref_logp")
+    log_r = logp.float() - ref_logp.detach().float()
+    return log_r.exp() - 1.0 - log_r
 
 
 def get(name: str) -> Callable[[KLInputs], Tensor]:

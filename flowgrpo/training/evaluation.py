@@ -73,7 +73,7 @@ def generate(
         if sampler is None or not sampler.is_stochastic:
             final = solve(adapter, noise, sigmas, cond, guidance, autocast=autocast)
         elif space.random_every_step:  # every step a draw from the image's own stream
-            gens = [torch.Generator(adapter.device).manual_seed(stream_seed("eval_steps", seed))
+            gens = [torch.Generator(adapter.device).manual_seed(stream_seed("image_steps", seed))
                     for seed in seeds[sl]]
             none = torch.zeros(len(noise), 0, dtype=torch.long)
             final = rollout(adapter, RolloutSpec(sampler, guidance, autocast=autocast), cond,

@@ -145,12 +145,17 @@ def test_monte_carlo_metric_estimate_converges_to_the_exact_step():
     x_next = exact.sample(torch.Generator().manual_seed(1))
     truth = exact.token_log_probs(x_next).exp()
     errors = []
-    for n_mc in (4, 64, 1024, 16384):
-        gen = torch.Generator().manual_seed(2)
-        est = discrete.metric_step_log_prob_mc(logits, old, x_t, x_next, d, 0.45, 0.2, n_mc, gen)
-        errors.append(float((est.exp() - truth).abs().max()))
+    for n_mc in (4, 64, 1024, 16384):  # the mean error over 8 seeds falls about 4x per step
+        errs = []
+        for seed in range(8):
+            gen = torch.Generator().manual_seed(seed)
+            est = discrete.metric_step_log_prob_mc(logits, old, x_t, x_next, d, 0.45, 0.2, n_mc,
+                                                   gen)
+            errs.append(float((est.exp() - truth).abs().max()))
+        errors.append(sum(errs) / len(errs))
     assert all(a > b for a, b in zip(errors, errors[1:])), errors  # it shrinks with n_mc
-    assert errors[-1] < 0.05, errors
+    # unbiased with a spread ~ 1 / sqrt(n): 4096x the draws, about 64x smaller (at least 20x)
+    assert errors[-1] < errors[0] / 20, errors
 
 
 def test_monte_carlo_ratio_is_one_when_the_policy_is_the_old_one():
