@@ -26,12 +26,13 @@ HUB_PROBE_SECONDS = 3.0
 
 
 def resolve_path(path: str) -> str:
-    """``"digits"`` / ``"digit_edits"`` -> the shipped toy model folders; ``~/...`` -> the home
-    folder's; anything else unchanged."""
-    if path in ("digits", "digit_edits"):
-        from pipelines.toy import DIGIT_EDITS_MODEL, DIGITS_MODEL
+    """A shipped toy name (``digits``, ``digit_edits``, ``digits_discrete``,
+    ``digits_discrete_uniform``, ``digits_discrete_metric``: :data:`pipelines.toy.TOY_NAMES`)
+    -> its folder; ``~/...`` -> the home folder's; anything else unchanged."""
+    from pipelines.toy import TOY_NAMES
 
-        return DIGITS_MODEL if path == "digits" else DIGIT_EDITS_MODEL
+    if path in TOY_NAMES:
+        return TOY_NAMES[path]
     return os.path.expanduser(path) if path.startswith("~") else path
 
 

@@ -20,6 +20,9 @@ weight): the same T5 part SD3 computes when loaded with ``text_encoder_3=None``,
 loads with a plain ``from_pretrained``. Its ``max_sequence_length`` only sets how many of those
 zero tokens join the text sequence; the model was trained with 1 to 256 of them, and the short
 default below keeps each transformer call cheap.
+
+The discrete toy (``DIGITS_DISCRETE_MODELS``, family ``digits_discrete``) models the same digits
+as 8x8 tokens of intensity 0..16, one folder per token path (masked, uniform, metric).
 """
 
 from __future__ import annotations
@@ -32,6 +35,24 @@ DIGITS_MODEL = str((Path(__file__).parent / "digits-sd3").resolve())
 DIGIT_EDITS_MODEL = str((Path(__file__).parent / "digit-edits-kontext").resolve())
 """The shipped toy editing model (a ``FluxKontextPipeline`` folder, made by
 ``scripts/make_digit_edit_model.py``): it rewrites the right-hand digit of a 16x32 image."""
+
+DIGITS_DISCRETE_MODELS = {
+    kind: str((Path(__file__).parent / f"digits-discrete-{kind}").resolve())
+    for kind in ("masked", "uniform", "metric")
+}
+"""The shipped discrete toy models by token path (``digits_discrete`` family folders, made by
+``scripts/make_digits_discrete_model.py``): 8x8 intensity tokens, one model per path."""
+
+TOY_NAMES = {
+    "digits": DIGITS_MODEL,
+    "digit_edits": DIGIT_EDITS_MODEL,
+    "digits_discrete": DIGITS_DISCRETE_MODELS["masked"],
+    "digits_discrete_masked": DIGITS_DISCRETE_MODELS["masked"],
+    "digits_discrete_uniform": DIGITS_DISCRETE_MODELS["uniform"],
+    "digits_discrete_metric": DIGITS_DISCRETE_MODELS["metric"],
+}
+"""The short names ``model.path`` may give for the shipped toy folders (``digits_discrete`` is
+the masked model)."""
 
 RESOLUTION = 16
 """Image side in pixels the model was trained at (latents are 4 x 8 x 8)."""
@@ -55,10 +76,12 @@ def digit_prompt(d: int) -> str:
 
 __all__ = [
     "DIGITS_MODEL",
+    "DIGITS_DISCRETE_MODELS",
     "DIGIT_EDITS_MODEL",
     "GUIDANCE",
     "MAX_SEQUENCE_LENGTH",
     "NUM_STEPS",
     "RESOLUTION",
+    "TOY_NAMES",
     "digit_prompt",
 ]
