@@ -106,8 +106,6 @@ STREAMS: dict[str, Stream] = _declare(
     # evaluation, sampling and data
     Stream("eval_noise", ("image",), lambda image: EVAL_SEED + image,
            "the initial noise of evaluation image number ``image`` (not the run's seed)"),
-    Stream("eval_steps", ("seed",), lambda seed: hash_seed(seed, 5),
-           "the step draws of a discrete evaluation image, from its eval noise seed"),
     Stream("sample_noise", ("seed", "image"), lambda seed, image: seed + image,
            "the initial noise of image number ``image`` of ``flowgrpo sample --seed``"),
     Stream("image_steps", ("noise_seed",), lambda noise_seed: hash_seed(noise_seed, 5),

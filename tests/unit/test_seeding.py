@@ -38,7 +38,6 @@ LEGACY = {
     "mix_draw": (lambda s, t, i: f"{s}/{t}/{i}", [(0, 0, 0), (42, 3, 17)]),
     "mix_eval_draw": (lambda s, g, p: f"{s}/eval/{g}/{p}", [(0, 0, 0), (42, "", 5), (7, 3, 1)]),
     "eval_noise": (lambda i: 2**31 - 1 + i, [(0,), (5,), (123,)]),
-    "eval_steps": (lambda s: hash_seed(s, 5), [(0,), (2**31 - 1,), (2**31 + 122,)]),
     "sample_noise": (lambda s, i: s + i, [(0, 0), (42, 3)]),
     "tts_hard_prompts": (lambda s: s, [(0,), (5,)]),
     # streams declared after the table was pinned: their own formula, kept from then on
