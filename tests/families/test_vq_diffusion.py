@@ -61,7 +61,7 @@ def test_logits_are_what_the_pipeline_steps_with(guidance, truncation, learnable
             ours = ad.logits(x, sigma, cond, guidance)
         assert ours.shape == (len(PROMPTS), ad.seq_len, ad.path.num_states)
         assert bool((ours[..., -1] == LOG_ZERO).all())  # the mask is never a clean code
-        torch.testing.assert_close(ours[..., :-1].transpose(1, 2), theirs, rtol=0, atol=1e-5)
+        torch.testing.assert_close(ours[..., :-1].transpose(1, 2), theirs, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("guidance", [1.0, 4.0])
