@@ -33,7 +33,8 @@ CONTRACT_SAMPLERS = [("sde", {}), ("cps", {}), ("langevin", {"velocity": "model"
 """The stochastic samplers (name, parameters) the contract rolls out a continuous family with."""
 
 DISCRETE_CONTRACT_SAMPLERS = [("ctmc", {})]
-"""The samplers a discrete (token) family is rolled out with."""
+"""The samplers a discrete (token) family is rolled out with, unless it names its own sampler
+(``default_sampler``, e.g. ``vq_diffusion``): then that one."""
 
 _REWARD = "contract_energy"
 
@@ -60,7 +61,7 @@ def check_family_contract(family: str, folder: str | Path, options: dict | None 
 
     1. encode the prompt set ``prompts`` (a built-in name or a ``.jsonl`` path; edits carry
        their source images) and roll out with every sampler of :data:`CONTRACT_SAMPLERS`
-       (a discrete family: :data:`DISCRETE_CONTRACT_SAMPLERS`);
+       (a discrete family: :data:`DISCRETE_CONTRACT_SAMPLERS`, or its ``default_sampler``);
     2. decode to media of its modality (``[B, C, H, W]`` images, ``[B, F, C, H, W]`` video,
        ``[B, C, T]`` audio) that a reward scores with ``B`` finite scores;
     3. replay every trained step with the log-prob it recorded (ratio 1 within 1e-6 before any
@@ -97,8 +98,12 @@ def check_family_contract(family: str, folder: str | Path, options: dict | None 
                     "tensorboard": False},
         })
         idx = torch.arange(4)
-        space = getattr(FAMILIES.get(family), "state_space", samplers.CONTINUOUS)
+        adapter_cls = FAMILIES.get(family)
+        space = getattr(adapter_cls, "state_space", samplers.CONTINUOUS)
         contract = CONTRACT_SAMPLERS if space is samplers.CONTINUOUS else DISCRETE_CONTRACT_SAMPLERS
+        own = getattr(adapter_cls, "default_sampler", "ctmc")
+        if space is not samplers.CONTINUOUS and own != "ctmc":
+            contract = [(own, {})]  # a chain of its own (VQ-Diffusion's): the ctmc path is not it
         for name, params in contract:
             t = Trainer.from_config(cfg, sampler=samplers.build(name, **params))
             batch = t.sample(0)

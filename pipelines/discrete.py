@@ -32,9 +32,12 @@ class DiscreteAdapter(FlowAdapter):
     Attributes:
         path: the model's token path (source, number of states, mask id, metric).
         token_shape: the token grid; region rewards map onto it (:meth:`position_weights`).
+        default_sampler: the sampler a rollout of this model is checked with: ``ctmc`` along
+            :attr:`path`, or a family's own (``vq_diffusion``: its mask-and-replace chain).
     """
 
     state_space = TOKENS
+    default_sampler: str = "ctmc"
     path: TokenPath
     token_shape: tuple[int, ...]
 

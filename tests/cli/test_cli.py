@@ -37,7 +37,7 @@ def test_config_prints_resolved_yaml_and_lists_registries(tiny_config, capsys):
     assert printed["train"]["lr"] == 0.01 and printed["sampler"]["num_steps"] == 4
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "samplers: cps, ctmc, langevin, ode, sde" in out and "losses: clip" in out
+    assert "samplers: cps, ctmc, langevin, ode, sde, vq_diffusion" in out and "losses: clip" in out
     for line in ("objectives: awm, elbo, nft, ratio", "pruners: dppo, none",
                  "kl estimators: exact, flow_grpo, log_ratio, velocity_mse, x_mse",
                  "losses: clip, gate, guard, mhpo, mu_grpo, sapo, stable",

@@ -32,6 +32,7 @@ from helpers.tiny_video import (
     tiny_wan22_a14b_pipeline,
     tiny_wan22_ti2v_pipeline,
 )
+from helpers.tiny_vq_diffusion import tiny_vq_diffusion_pipeline
 from pipelines import (
     AceStepAdapter,
     FluxAdapter,
@@ -43,6 +44,7 @@ from pipelines import (
 from pipelines.digits_discrete import DigitsDiscreteAdapter
 from pipelines.flux_kontext import FluxKontextAdapter
 from pipelines.sd3 import SD3Adapter
+from pipelines.vq_diffusion import VQDiffusionAdapter
 
 PROMPTS = ["a red cube on a table", "two dogs"]
 STEPS = 5
@@ -100,6 +102,8 @@ CASES = {
                        dict(height=32, width=32)),
     # a discrete family: tokens, rolled out by the contract with the discrete samplers
     "digits_discrete": Case(tiny_digits_discrete_pipeline, DigitsDiscreteAdapter),
+    # rolled out with its own sampler; parity with its pipeline: tests/families/test_vq_diffusion.py
+    "vq_diffusion": Case(tiny_vq_diffusion_pipeline, VQDiffusionAdapter),
 }
 
 
