@@ -321,7 +321,13 @@ class Config:
         from flowgrpo.rl.objectives import OBJECTIVES
 
         tc = self.train
-        if samplers.build(self.sampler.name, **self.sampler.params).is_stochastic:
+        sampler = samplers.build(self.sampler.name, **self.sampler.params)
+        space = OBJECTIVES.get(tc.objective).state_space
+        require(space is None or sampler.state_space is space, "train.objective", tc.objective,
+                f"the objective trains a model of {getattr(space, 'name', '')} states but sampler "
+                f"{self.sampler.name!r} steps in {sampler.state_space.name} states (a token model "
+                f"samples with ctmc)")
+        if sampler.is_stochastic:
             return
         free = [n for n in builtin_names("objective") if not OBJECTIVES.get(n).needs_transitions]
         require(not OBJECTIVES.get(tc.objective).needs_transitions, "sampler",

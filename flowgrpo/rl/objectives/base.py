@@ -83,9 +83,13 @@ class Objective:
             samples (then rollouts may be deterministic: ``sampler.name: ode``).
         kl_estimators: the KL estimators it can feed (:mod:`flowgrpo.rl.kl`); the first is the
             default.
+        state_space: the state space it trains (None: either); the config refuses a sampler of
+            another kind.
     """
 
     needs_transitions: ClassVar[bool] = True
+    # the kind of state it trains (samplers.spaces); None: any (the ratio objective)
+    state_space: ClassVar[samplers.StateSpace | None] = None
     kl_estimators: ClassVar[tuple[str, ...]] = ("exact", "flow_grpo", "x_mse")
 
     def __init__(self, policy: Policy) -> None:

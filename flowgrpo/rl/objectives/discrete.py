@@ -71,6 +71,7 @@ class DFlowGRPO(RatioObjective):
     """
 
     kl_estimators = ("ratio_k3", "log_ratio", "exact")
+    state_space = samplers.TOKENS
 
     def __init__(self, policy: Policy, tokens: str = "all", estimator: str = "exact",
                  n_mc: int = 24, guidance: float | None = None) -> None:

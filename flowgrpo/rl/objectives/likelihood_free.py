@@ -40,6 +40,7 @@ from flowgrpo.rl.reference import reference
 from flowgrpo.rl.rollout import model_velocity
 from flowgrpo.validation import integer, one_of
 from pipelines.base import LOGPROB_WEIGHT
+from samplers import CONTINUOUS
 
 TIMESTEPS = ("uniform", "logit_normal")
 WEIGHTINGS = ("uniform", "x0", "adaptive", "ghuber")
@@ -100,6 +101,7 @@ class ForwardObjective(Objective):
     """
 
     needs_transitions = False
+    state_space = CONTINUOUS  # Gaussian forward noising of latents
     kl_estimators = ("velocity_mse", "log_ratio")
 
     def __init__(self, policy: Policy, draws: int = 4, timesteps: str = "uniform",
