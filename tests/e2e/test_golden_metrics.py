@@ -48,8 +48,10 @@ def run_job(name: str, folder: Path) -> list[dict]:
 def _same(a, b) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         # identical on the machine that recorded them; the tolerance only absorbs another
-        # CPU's last-bit differences in BLAS kernels
-        return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-9)
+        # CPU's last-bit differences in BLAS kernels. The loss and the old gap are sums of O(1)
+        # float32 terms that cancel to about 1e-6, so on another CPU they move by up to ~1e-6
+        # in absolute terms (measured 1.1e-6 at most); every other metric holds within 1e-5.
+        return math.isclose(a, b, rel_tol=1e-5, abs_tol=2e-6)
     return a == b
 
 

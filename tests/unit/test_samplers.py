@@ -66,9 +66,9 @@ def _final(sampler, flow, sigmas, x1, noises):
 
 
 def test_registry_names_and_errors():
-    assert samplers.names() == ["cps", "langevin", "ode", "sde"]
+    assert samplers.names() == ["cps", "ctmc", "langevin", "ode", "sde", "vq_diffusion"]
     assert samplers.SAMPLERS.names() == samplers.names()
-    with pytest.raises(UnknownNameError, match="cps, langevin, ode, sde"):
+    with pytest.raises(UnknownNameError, match="cps, ctmc, langevin, ode, sde, vq_diffusion"):
         samplers.get("euler")
     with pytest.raises(ValueError, match="unknown parameter.*noise_levle"):
         samplers.get("cps", noise_levle=0.5)
@@ -160,7 +160,16 @@ def test_sample_next_noise_and_generator():
 # --------------------------------------------------------------------------- the contract
 
 
-@pytest.mark.parametrize("name", samplers.names())
+CONTINUOUS_SAMPLERS = [name for name in samplers.names()
+                       if samplers.SAMPLERS.get(name).state_space is samplers.CONTINUOUS]
+"""The token samplers (ctmc, vq_diffusion) have no zero-noise limit: tests/unit/test_discrete_steps.py."""
+
+
+def test_the_continuous_samplers_are_the_gaussian_ones():
+    assert CONTINUOUS_SAMPLERS == ["cps", "langevin", "ode", "sde"]
+
+
+@pytest.mark.parametrize("name", CONTINUOUS_SAMPLERS)
 def test_zero_noise_is_the_euler_step(name):
     assert name in ZERO_NOISE, f"add the zero-noise parameters of {name!r} to ZERO_NOISE"
     v, x = _step_tensors()
