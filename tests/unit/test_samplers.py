@@ -162,7 +162,8 @@ def test_sample_next_noise_and_generator():
 
 CONTINUOUS_SAMPLERS = [name for name in samplers.names()
                        if samplers.SAMPLERS.get(name).state_space is samplers.CONTINUOUS]
-"""The token samplers (ctmc, vq_diffusion) have no zero-noise limit: tests/unit/test_discrete_steps.py."""
+"""The token samplers (ctmc, vq_diffusion) have no zero-noise limit; their steps are tested in
+tests/unit/test_discrete_steps.py."""
 
 
 def test_the_continuous_samplers_are_the_gaussian_ones():
