@@ -82,6 +82,9 @@ STREAMS: dict[str, Stream] = _declare(
     Stream("posterior_draws", ("seed", "iteration", "sample"),
            lambda seed, iteration, sample: hash_seed(seed, iteration, sample, 6),
            "dflow_grpo's Monte-Carlo posterior draws of a sample's trained steps"),
+    Stream("forward_states", ("seed", "iteration", "sample"),
+           lambda seed, iteration, sample: hash_seed(seed, iteration, sample, 7),
+           "udm_grpo's states rebuilt from a sample's final tokens"),
     Stream("process", ("seed", "rank"), lambda seed, rank: seed + rank,
            "the process-global generators (python, numpy, torch) seeded at start"),
     # step selection and samplers

@@ -43,6 +43,7 @@ LEGACY = {
     # streams declared after the table was pinned: their own formula, kept from then on
     "posterior_draws": (lambda s, t, i: hash_seed(s, t, i, 6), [(0, 0, 0), (42, 3, 17)]),
     "image_steps": (lambda n: hash_seed(n, 5), [(2**31 - 1,), (7,)]),
+    "forward_states": (lambda s, t, i: hash_seed(s, t, i, 7), [(0, 0, 0), (42, 3, 17)]),
 }
 
 
