@@ -125,3 +125,24 @@ def test_a_cell_runs_at_the_command_s_console_level(tmp_path, monkeypatch, level
     cell = ablate_lib.Cell("c", {}, 0, tmp_path / "cell" / "s0")
     assert ablate_lib.run_cell(cell, threads=1) is None
     assert seen[0][-len(flags) - 1:] == [str(cell.config_file), *flags]
+
+
+@pytest.mark.slow
+def test_every_discrete_preset_is_a_valid_config_of_the_discrete_toy(tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    presets = ablate_lib.load_presets(root / "configs" / "presets" / "discrete.yaml")
+    cells = ablate_lib.plan(root / "configs" / "digits_discrete.yaml",
+                            {"method": list(presets)}, [], 1, tmp_path, presets)
+    assert len(cells) == len(presets)
+    from flowgrpo.config.io import from_dict, read_config
+    from flowgrpo.training.trainer import Trainer
+
+    objectives = set()
+    for cell in cells:  # each builds its trainer: the objective checks the model's token path
+        trainer = Trainer.from_config(from_dict(read_config(cell.config_file)), overwrite=True)
+        objectives.add(type(trainer.objective).__name__)
+        model = presets[cell.values["method"]]["model.path"]  # digits_discrete_<path>
+        assert trainer.adapter.path.kind == model.rsplit("_", 1)[1]
+    assert objectives == {"DFlowGRPO", "UdmGRPO"}
