@@ -1,6 +1,6 @@
 """The shipped discrete toy (configs/digits_discrete.yaml, the ``digits_discrete`` family): its
-model folders load under their short names, GRPO through the CLI raises its eval reward, a
-resume is exact and two processes compute the run of one."""
+model folders load under their short names, GRPO through the CLI raises its eval reward with
+dflow_grpo and with udm_grpo, a resume is exact and two processes compute the run of one."""
 
 from __future__ import annotations
 
@@ -70,9 +70,11 @@ def _eval(run: Path) -> list[float]:
 
 
 @pytest.mark.slow
-def test_grpo_from_the_cli_raises_the_eval_reward(tmp_path):
+@pytest.mark.parametrize("objective", ["dflow_grpo", "udm_grpo"])
+def test_grpo_from_the_cli_raises_the_eval_reward(tmp_path, objective):
     run = tmp_path / "run"
     code = main(["train", CONFIG, "-q", *(a for o in [f"run.output_dir={run}", *QUIET,
+                                                      f"train.objective={objective}",
                                                       "run.epochs=30", "run.eval_every=30",
                                                       "run.save_every=0"]
                                           for a in ("--set", o))])
@@ -90,12 +92,14 @@ def _config(run: Path, *overrides: str):
 
 
 @pytest.mark.slow
-def test_a_resumed_run_is_the_uninterrupted_run(tmp_path):
-    whole = Trainer.from_config(_config(tmp_path / "whole", "run.epochs=4"))
+@pytest.mark.parametrize("objective", ["dflow_grpo", "udm_grpo"])
+def test_a_resumed_run_is_the_uninterrupted_run(tmp_path, objective):
+    chosen = f"train.objective={objective}"
+    whole = Trainer.from_config(_config(tmp_path / "whole", "run.epochs=4", chosen))
     whole.train()
     half = tmp_path / "half"
-    Trainer.from_config(_config(half, "run.epochs=2")).train()
-    resumed = Trainer.from_config(_config(half, "run.epochs=4"), resume="auto")
+    Trainer.from_config(_config(half, "run.epochs=2", chosen)).train()
+    resumed = Trainer.from_config(_config(half, "run.epochs=4", chosen), resume="auto")
     assert resumed.start_epoch == 2
     resumed.train()
     assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(whole)))
