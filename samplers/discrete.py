@@ -294,8 +294,22 @@ def _steps(sigma: Sigma, sigma_next: Sigma, batch: int) -> list[tuple[float, flo
             for a, b in torch.unique(pairs, dim=0).tolist()]
 
 
+class TokenSampler(Sampler):
+    """A sampler of token states: always stochastic (a chain has no deterministic step), without
+    parameters; subclasses take what they step along from the adapter in :meth:`bind`."""
+
+    state_space = TOKENS
+
+    @property
+    def is_stochastic(self) -> bool:
+        return True
+
+    def config(self) -> dict[str, Any]:
+        return {}
+
+
 @SAMPLERS.register("ctmc")
-class CTMC(Sampler):
+class CTMC(TokenSampler):
     """The exact step of a discrete flow along the model's token path (docs/design.md,
     "Discrete steps"): :func:`mixture_step` for the masked and uniform sources,
     :func:`metric_step` (summed over the vocabulary) for the metric-induced path. The step into
@@ -306,22 +320,14 @@ class CTMC(Sampler):
     """
 
     name = "ctmc"
-    state_space = TOKENS
 
     def __init__(self) -> None:
         self.path: TokenPath | None = None
-
-    @property
-    def is_stochastic(self) -> bool:
-        return True
 
     def bind(self, adapter: Any) -> CTMC:
         super().bind(adapter)
         self.path = adapter.path
         return self
-
-    def config(self) -> dict[str, Any]:
-        return {}
 
     def transition(self, v: Tensor, x: Tensor, sigma: Sigma, sigma_next: Sigma,
                    velocity_fn: VelocityFn | None = None) -> Categorical:

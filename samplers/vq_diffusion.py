@@ -37,9 +37,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import SAMPLERS, Sampler, Sigma, VelocityFn
-from .discrete import Categorical, _steps
-from .spaces import TOKENS
+from .base import SAMPLERS, Sigma, VelocityFn
+from .discrete import Categorical, TokenSampler, _steps
 
 LOG_ZERO = math.log(1e-30)
 """A zero probability in the chain's log tables: the floor diffusers' one-hot logarithms use."""
@@ -157,7 +156,7 @@ def gumbel_draw(log_probs: Tensor, generator: torch.Generator | None = None) -> 
 
 
 @SAMPLERS.register("vq_diffusion")
-class VQDiffusion(Sampler):
+class VQDiffusion(TokenSampler):
     """The exact reverse step of VQ-Diffusion's mask-and-replace chain (the module's formula),
     stepping one timestep of the chain per step: ``sigma = (t + 1) / T -> t / T``.
 
@@ -169,14 +168,9 @@ class VQDiffusion(Sampler):
     """
 
     name = "vq_diffusion"
-    state_space = TOKENS
 
     def __init__(self) -> None:
         self.schedule: MaskReplaceSchedule | None = None
-
-    @property
-    def is_stochastic(self) -> bool:
-        return True
 
     def bind(self, adapter: Any) -> VQDiffusion:
         super().bind(adapter)
@@ -187,9 +181,6 @@ class VQDiffusion(Sampler):
                              f"choose ctmc")
         self.schedule = schedule
         return self
-
-    def config(self) -> dict[str, Any]:
-        return {}
 
     def timestep(self, sigma: float, sigma_next: float) -> int:
         """The chain's timestep ``t`` of the step ``sigma -> sigma_next`` (one timestep apart)."""

@@ -11,26 +11,12 @@ import torch
 from flowgrpo.config.io import from_dict
 from flowgrpo.rl import kl as kl_lib
 from flowgrpo.training.trainer import Trainer, canonical_advantages
-from helpers.tiny_discrete import tiny_digits_discrete_pipeline
+from helpers.tiny_discrete import tiny_digits_discrete_pipeline, tiny_discrete_trainer
 from helpers.toy import assert_ratio_one
 
 
 def trainer(tmp_path, path="masked", steps=4, **train) -> Trainer:
-    folder = tmp_path / f"model-{path}"
-    if not folder.exists():
-        tiny_digits_discrete_pipeline(path=path).save_pretrained(str(folder))
-    cfg = from_dict({
-        "model": {"family": "digits_discrete", "path": str(folder), "lora_rank": 4,
-                  "lora_alpha": 4},
-        "reward": {"name": "digit"},
-        "data": {"prompts": "digits", "eval_images_per_prompt": 1},
-        "sampler": {"name": "ctmc", "params": {}, "num_steps": steps},
-        "train": {"group_size": 2, "batch_size": 4, "lr": 1e-2, "objective": "dflow_grpo",
-                  **train},
-        "run": {"epochs": 1, "output_dir": str(tmp_path / "run"), "progress": False,
-                "tensorboard": False},
-    })
-    return Trainer.from_config(cfg, overwrite=True)
+    return tiny_discrete_trainer(tmp_path, "dflow_grpo", path, steps, **train)
 
 
 @pytest.mark.parametrize("path,params", [

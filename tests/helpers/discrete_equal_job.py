@@ -16,9 +16,8 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helpers package
 
 from flowgrpo.config.io import load_config  # noqa: E402
-from flowgrpo.distributed import unwrap  # noqa: E402
 from flowgrpo.training.trainer import Trainer  # noqa: E402
-from helpers.jobs import run  # noqa: E402
+from helpers.jobs import recorded_training, run  # noqa: E402
 
 CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "digits_discrete.yaml")
 
@@ -29,28 +28,8 @@ def main(out: str, batch: int) -> None:
                                "run.save_every=0", "run.tensorboard=false", "run.progress=false",
                                "data.eval_images_per_prompt=2", "sampler.num_steps=6"])
     t = Trainer.from_config(cfg)
-    record: dict[str, torch.Tensor] = {}
-    sample, advantages = t.sample, t.advantages
-
-    def recorded_sample(epoch):
-        b = sample(epoch)
-        record[f"{epoch}.source"] = t.acc.gather(b.traj.latents[:, 0].contiguous()).cpu()
-        record[f"{epoch}.final"] = t.acc.gather(b.traj.final.contiguous()).cpu()
-        record[f"{epoch}.reward"] = t.acc.gather(b.reward.scores.to(t.acc.device)).cpu()
-        record[f"{epoch}.groups"] = t.acc.gather(b.groups.to(t.acc.device)).cpu()
-        return b
-
-    def recorded_advantages(b):
-        adv, metrics = advantages(b)
-        record[f"{b.iteration}.advantages"] = t.acc.gather(adv.contiguous()).cpu()
-        return adv, metrics
-
-    t.sample, t.advantages = recorded_sample, recorded_advantages
-    row = t.train()
-    names = [n for n, p in unwrap(t.adapter.transformer).named_parameters() if p.requires_grad]
-    record.update({f"weight.{n}": p.detach().cpu() for n, p in zip(names, t.params)})
+    record, row = recorded_training(t, first="source")
     record["eval_reward"] = torch.tensor(row["eval/reward"])
-    record["world"] = torch.tensor(t.world)
     if t.acc.is_main_process:
         save_file({k: v.contiguous() for k, v in record.items()}, f"{out}/record.safetensors")
 

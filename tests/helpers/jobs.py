@@ -31,3 +31,39 @@ def run(main: Callable[..., Any], *args: Any) -> None:
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def recorded_training(trainer, first: str = "noise") -> tuple[dict, dict]:
+    """Train ``trainer`` and record what every epoch computed: ``(record, last metrics row)``.
+
+    ``record`` holds, per epoch, the gathered first states (``<epoch>.<first>``), final states,
+    rewards, groups and advantages (global order), then the trainable weights after the run
+    (``weight.<name>``) and the world size; it is what the 1-process versus 2-process tests
+    compare."""
+    import torch
+
+    from flowgrpo.distributed import unwrap
+
+    t = trainer
+    record: dict[str, torch.Tensor] = {}
+    sample, advantages = t.sample, t.advantages
+
+    def recorded_sample(epoch):
+        b = sample(epoch)
+        record[f"{epoch}.{first}"] = t.acc.gather(b.traj.latents[:, 0].contiguous()).cpu()
+        record[f"{epoch}.final"] = t.acc.gather(b.traj.final.contiguous()).cpu()
+        record[f"{epoch}.reward"] = t.acc.gather(b.reward.scores.to(t.acc.device)).cpu()
+        record[f"{epoch}.groups"] = t.acc.gather(b.groups.to(t.acc.device)).cpu()
+        return b
+
+    def recorded_advantages(b):
+        adv, metrics = advantages(b)
+        record[f"{b.iteration}.advantages"] = t.acc.gather(adv.contiguous()).cpu()
+        return adv, metrics
+
+    t.sample, t.advantages = recorded_sample, recorded_advantages
+    row = t.train()
+    names = [n for n, p in unwrap(t.adapter.transformer).named_parameters() if p.requires_grad]
+    record.update({f"weight.{n}": p.detach().cpu() for n, p in zip(names, t.params)})
+    record["world"] = torch.tensor(t.world)
+    return record, row
