@@ -283,7 +283,7 @@ class TokenPath:
         return torch.where(keep, x1, other)
 
 
-def _steps(sigma: Sigma, sigma_next: Sigma, batch: int) -> list[tuple[float, float, Tensor]]:
+def distinct_steps(sigma: Sigma, sigma_next: Sigma, batch: int) -> list[tuple[float, float, Tensor]]:
     """``(s, s', rows)`` for each distinct step in a batch of ``batch`` rows."""
     if not isinstance(sigma, Tensor) and not isinstance(sigma_next, Tensor):
         return [(float(sigma), float(sigma_next), torch.arange(batch))]
@@ -340,7 +340,7 @@ class CTMC(TokenSampler):
             raise ValueError(f"logits {tuple(v.shape)} must be the tokens' shape {tuple(x.shape)} "
                              f"plus the path's {path.num_states} states")
         probs = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-        for s, s_next, rows in _steps(sigma, sigma_next, x.shape[0]):
+        for s, s_next, rows in distinct_steps(sigma, sigma_next, x.shape[0]):
             rows = rows.to(v.device)
             probs[rows] = self._step(v[rows], x[rows], s, s_next).probs
         return Categorical(probs)

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from .base import SAMPLERS, Sigma, VelocityFn
-from .discrete import Categorical, TokenSampler, _steps
+from .discrete import Categorical, TokenSampler, distinct_steps
 
 LOG_ZERO = math.log(1e-30)
 """A zero probability in the chain's log tables: the floor diffusers' one-hot logarithms use."""
@@ -204,7 +204,7 @@ class VQDiffusion(TokenSampler):
             raise ValueError(f"logits {tuple(v.shape)} must be the tokens' shape {tuple(x.shape)} "
                              f"plus the chain's {states} states")
         probs = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-        for s, s_next, rows in _steps(sigma, sigma_next, x.shape[0]):
+        for s, s_next, rows in distinct_steps(sigma, sigma_next, x.shape[0]):
             rows = rows.to(v.device)
             t = self.timestep(s, s_next)
             logp = step_log_probs(v[rows, :, :-1], x[rows], t, self.schedule)

@@ -45,7 +45,7 @@ from flowgrpo.rl.replay import StepResult, step_sigmas
 from flowgrpo.rl.rollout import model_velocity
 from flowgrpo.validation import integer, one_of
 from pipelines.base import LOGPROB_WEIGHT
-from samplers.discrete import metric_mc_draws, metric_mc_log_prob
+from samplers.discrete import distinct_steps, metric_mc_draws, metric_mc_log_prob
 
 TOKENS_CHOICES = ("all", "changed")
 ESTIMATORS = ("exact", "mc")
@@ -130,25 +130,21 @@ class DFlowGRPO(RatioObjective):
 
     @torch.no_grad()
     def _draw(self, batch, state, rows, uniforms, v, j) -> None:
-        """The draws and factors of trained step ``j`` under view ``v`` (old policy)."""
+        """The draws and factors of trained step ``j`` under view ``v`` (old policy), one
+        batched call per distinct step ``(s, s')`` among the samples."""
         rows = torch.arange(len(batch.groups)) if rows is None else rows.cpu()
+        path = self.policy.adapter.path
         for start in range(0, len(rows), self.policy.batch_size):
             idx = rows[start:start + self.policy.batch_size]
             x, x_next, s, s_next, logits = self._logits(batch, idx, v, j)
-            path = self.policy.adapter.path
-            draws, factors = [], []
-            for i in range(len(idx)):  # one sample at a time: its own step
-                si = float(s if not isinstance(s, torch.Tensor) else s[i])
-                ni = float(s_next if not isinstance(s_next, torch.Tensor) else s_next[i])
+            for si, ni, part in distinct_steps(s, s_next, len(idx)):
                 t = min(max(1.0 - si, path.t_min), 1.0 - 1e-6)
-                d, f = metric_mc_draws(logits[i:i + 1], x[i:i + 1], x_next[i:i + 1],
+                part_dev = part.to(x.device)
+                d, f = metric_mc_draws(logits[part_dev], x[part_dev], x_next[part_dev],
                                        path.distance.to(x.device), t, si - ni,
-                                       uniforms[idx[i], v, j][None].to(x.device),
-                                       path.c, path.a)
-                draws.append(d)
-                factors.append(f)
-            state.draws[idx, v, j] = torch.cat(draws)
-            state.factors[idx, v, j] = torch.cat(factors)
+                                       uniforms[idx[part], v, j].to(x.device), path.c, path.a)
+                state.draws[idx[part], v, j] = d.to(state.draws.device)
+                state.factors[idx[part], v, j] = f.to(state.factors.device)
 
     # --- the replayed step --------------------------------------------------------------------
 
