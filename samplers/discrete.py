@@ -283,7 +283,8 @@ class TokenPath:
         return torch.where(keep, x1, other)
 
 
-def distinct_steps(sigma: Sigma, sigma_next: Sigma, batch: int) -> list[tuple[float, float, Tensor]]:
+def distinct_steps(sigma: Sigma, sigma_next: Sigma,
+                   batch: int) -> list[tuple[float, float, Tensor]]:
     """``(s, s', rows)`` for each distinct step in a batch of ``batch`` rows."""
     if not isinstance(sigma, Tensor) and not isinstance(sigma_next, Tensor):
         return [(float(sigma), float(sigma_next), torch.arange(batch))]
