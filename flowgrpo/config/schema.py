@@ -327,6 +327,13 @@ class Config:
                 f"the objective trains a model of {getattr(space, 'name', '')} states but sampler "
                 f"{self.sampler.name!r} steps in {sampler.state_space.name} states (a token model "
                 f"samples with ctmc)")
+        from flowgrpo.rl.credit import CREDITS
+
+        credit_space = CREDITS.get(tc.credit).state_space
+        require(credit_space is None or sampler.state_space is credit_space, "train.credit",
+                tc.credit, f"the credit needs {getattr(credit_space, 'name', '')} states but "
+                f"sampler {self.sampler.name!r} steps in {sampler.state_space.name} states (use "
+                f"train.credit: outcome)")
         if sampler.is_stochastic:
             return
         free = [n for n in builtin_names("objective") if not OBJECTIVES.get(n).needs_transitions]

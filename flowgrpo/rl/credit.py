@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -38,6 +38,7 @@ from torch import Tensor
 from flowgrpo.registry import Registry
 from flowgrpo.rl.rollout import SOLVERS, solve
 from flowgrpo.rl.session import ModelSession, Score
+from samplers import CONTINUOUS, StateSpace
 
 __all__ = ["turning_points"]
 
@@ -209,6 +210,9 @@ class Credit:
     and extra reward calls through ``score(media, prompts, metadata) -> RewardOutput``.
     """
 
+    # the state space it credits (samplers.spaces); None: either. The config refuses another.
+    state_space: ClassVar[StateSpace | None] = None
+
     def rewards(self, session: ModelSession, score: Score, batch: Any) -> Signal:
         raise NotImplementedError
 
@@ -252,6 +256,8 @@ class TurningPointCredit(Credit):
         solver: ``euler`` or ``dpm2`` for the completions.
         **rules: keyword options of :func:`turning_points`.
     """
+
+    state_space = CONTINUOUS  # its completions solve the probability-flow ODE
 
     def __init__(self, solver: str = "euler", **rules: Any) -> None:
         if solver not in SOLVERS:

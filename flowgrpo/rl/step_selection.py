@@ -28,7 +28,7 @@ import samplers
 from flowgrpo import seeding
 from flowgrpo.registry import Registry
 from flowgrpo.validation import is_integer
-from samplers import Sampler
+from samplers import CONTINUOUS, Sampler
 
 STEP_SELECTIONS: Registry[type[StepSelection]] = Registry("step selection")
 
@@ -127,7 +127,8 @@ class FlashSteps(StepSelection):
 
     Args:
         steps: candidate step indices (``[]``: every step the sampler calls trainable).
-        rectify: apply the temporal gradient rectification weight.
+        rectify: apply the temporal gradient rectification weight (Gaussian steps only: a
+            token sampler's step has no ``std / |b|``, so it needs ``rectify: false``).
     """
 
     def __init__(self, seed: int = 0, steps: list | None = None, rectify: bool = True) -> None:
@@ -138,6 +139,9 @@ class FlashSteps(StepSelection):
         self.steps, self.rectify = sorted(set(steps)), bool(rectify)
 
     def candidates(self, sigmas: torch.Tensor, sampler: Sampler) -> list[int]:
+        if self.rectify and sampler.state_space is not CONTINUOUS:
+            raise ValueError(f"flash's rectify weighs a step by its Gaussian's std / |b|; sampler "
+                             f"{sampler.name!r} steps in tokens: set rectify: false")
         trainable = trainable_steps(sampler, sigmas)
         if not trainable:
             raise ValueError("flash needs a stochastic sampler with trainable steps")

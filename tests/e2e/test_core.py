@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -101,6 +102,70 @@ def test_ratio_is_one_before_the_first_update_on_the_toy(tmp_path, objective, se
                     f"train.step_selection={selection}", f"train.credit={credit}",
                     f"train.views={views}", "train.beta=0.01")
     assert_ratio_one(t)
+
+
+DISCRETE = str(Path(__file__).resolve().parents[2] / "configs" / "digits_discrete.yaml")
+DISCRETE_TINY = ["train.batch_size=8", "train.group_size=4", "sampler.num_steps=6",
+                 "data.eval_images_per_prompt=1", "run.tensorboard=false", "run.progress=false"]
+
+
+def discrete_contract_cases() -> list[tuple[str, str, str, int, str]]:
+    """The same combinations on the discrete toy (configs/digits_discrete.yaml): what the config
+    accepts for a token model, on each token path's shipped model."""
+    from flowgrpo.errors import ConfigError
+
+    cases = []
+    # flash's rectification is a Gaussian's (refused for tokens): it runs without
+    selections = [*STEP_SELECTIONS.names(), "flash:{rectify: false}"]
+    for o in OBJECTIVES.names():
+        for s in selections:
+            for c, v in [(c, 0) for c in CREDITS.names()] + [("outcome", 1)]:
+                try:
+                    load_config(DISCRETE, [f"train.objective={o}", *_selection(s),
+                                           f"train.credit={c}", f"train.views={v}"])
+                except ConfigError:
+                    continue
+                # every path on the plain combination, the masked one on the others
+                paths = ("masked", "uniform", "metric") if (s, c, v) == ("all", "outcome", 0) \
+                    else ("masked",)
+                cases += [(o, s, c, v, path) for path in paths]
+    return cases
+
+
+def _selection(value: str) -> list[str]:
+    name, _, params = value.partition(":")
+    return [f"train.step_selection={name}", *([f"train.step_selection_params={params}"]
+                                              if params else [])]
+
+
+def test_the_discrete_contract_covers_both_discrete_objectives():
+    cases = discrete_contract_cases()
+    assert {case[0] for case in cases} >= {"dflow_grpo", "udm_grpo"}
+    assert {case[1] for case in cases if case[0] == "dflow_grpo"} >= {
+        "all", "window", "flash:{rectify: false}"}
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["train.credit=turning_point"], "train.credit: .*needs continuous states"),
+    (["train.step_selection=flash"], "rectify: false"),
+])
+def test_gaussian_only_pieces_are_refused_for_a_token_model(overrides, message):
+    from flowgrpo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(DISCRETE, overrides)
+
+
+@pytest.mark.parametrize("objective,selection,credit,views,path", discrete_contract_cases(),
+                         ids=lambda v: str(v))
+def test_ratio_is_one_before_the_first_update_on_the_discrete_toy(
+        tmp_path, objective, selection, credit, views, path):
+    cfg = load_config(DISCRETE, [f"run.output_dir={tmp_path}", *DISCRETE_TINY,
+                                 f"model.path=digits_discrete_{path}",
+                                 f"train.objective={objective}",
+                                 *_selection(selection), f"train.credit={credit}",
+                                 f"train.views={views}", "train.beta=0.01"])
+    assert_ratio_one(Trainer.from_config(cfg))
 
 
 @pytest.mark.slow
