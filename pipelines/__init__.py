@@ -2,6 +2,7 @@
 
 from . import sd3  # noqa: F401  (registers the family)
 from .ace_step import AceStepAdapter  # noqa: F401  (registers the family)
+from .amused import AmusedAdapter  # noqa: F401  (registers the family)
 from .base import FAMILIES, Cond, FlowAdapter, load, names, register
 from .digits_discrete import DigitsDiscreteAdapter  # noqa: F401  (registers the family)
 from .discrete import DiscreteAdapter

@@ -17,6 +17,7 @@ import torch
 
 import pipelines
 from helpers.tiny import tiny_sd3_pipeline
+from helpers.tiny_amused import tiny_amused_pipeline
 from helpers.tiny_discrete import tiny_digits_discrete_pipeline
 from helpers.tiny_editing import tiny_flux_kontext_pipeline
 from helpers.tiny_families import (
@@ -41,6 +42,7 @@ from pipelines import (
     QwenImageAdapter,
     WanAdapter,
 )
+from pipelines.amused import AmusedAdapter
 from pipelines.digits_discrete import DigitsDiscreteAdapter
 from pipelines.flux_kontext import FluxKontextAdapter
 from pipelines.sd3 import SD3Adapter
@@ -104,6 +106,8 @@ CASES = {
     "digits_discrete": Case(tiny_digits_discrete_pipeline, DigitsDiscreteAdapter),
     # rolled out with its own sampler; parity with its pipeline: tests/families/test_vq_diffusion.py
     "vq_diffusion": Case(tiny_vq_diffusion_pipeline, VQDiffusionAdapter),
+    # masked tokens rolled out with ctmc; parity with its pipeline: tests/families/test_amused.py
+    "amused": Case(tiny_amused_pipeline, AmusedAdapter),
 }
 
 
