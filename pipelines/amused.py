@@ -44,7 +44,7 @@ import torch
 
 from samplers import TokenPath
 
-from .base import Cond, guided_call, load_peft_lora, load_pipeline, register, save_peft_lora
+from .base import Cond, PeftLoraFiles, guided_call, load_pipeline, register
 from .discrete import DiscreteAdapter
 
 LOG_ZERO = -1.0e4
@@ -53,7 +53,7 @@ in float32, so these states have probability exactly 0 and stay finite under ``l
 
 
 @register("amused")
-class AmusedAdapter(DiscreteAdapter):
+class AmusedAdapter(PeftLoraFiles, DiscreteAdapter):
     """Adapter for a diffusers ``AmusedPipeline`` folder or hub id.
 
     Args:
@@ -171,12 +171,6 @@ class AmusedAdapter(DiscreteAdapter):
         image = vqvae.decode(codes, force_not_quantize=True, shape=shape).sample
         return image.float().clamp(0, 1)
 
-    def save_lora(self, directory: str, lora_state_dict: dict[str, torch.Tensor],
-                  metadata: dict[str, Any] | None = None) -> None:
-        save_peft_lora(directory, lora_state_dict, metadata)
-
-    def load_lora(self, directory: str) -> None:
-        load_peft_lora(self.transformer, directory)
 
 
 @torch.no_grad()

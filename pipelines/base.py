@@ -289,6 +289,21 @@ def load_peft_lora(model: torch.nn.Module, directory: str, adapter_name: str = "
                          f"(first: {unexpected[0]})")
 
 
+class PeftLoraFiles:
+    """LoRA files for a family whose pipeline has no LoRA loader: :func:`save_peft_lora` and
+    :func:`load_peft_lora` on the adapter's ``transformer``. Listed before the adapter's base
+    class, so these replace :class:`FlowAdapter`'s pipeline-loader methods."""
+
+    transformer: torch.nn.Module
+
+    def save_lora(self, directory: str, lora_state_dict: dict[str, torch.Tensor],
+                  metadata: dict[str, Any] | None = None) -> None:
+        save_peft_lora(directory, lora_state_dict, metadata)
+
+    def load_lora(self, directory: str) -> None:
+        load_peft_lora(self.transformer, directory)
+
+
 def guided_call(
     call: Callable[..., torch.Tensor],
     scale: float,

@@ -28,7 +28,7 @@ from torch import nn
 
 from samplers import TokenPath
 
-from .base import Cond, load_peft_lora, register, save_peft_lora
+from .base import Cond, PeftLoraFiles, register
 from .discrete import DiscreteAdapter
 
 SIDE = 8
@@ -168,7 +168,7 @@ class DigitTokenPipeline:
 
 
 @register("digits_discrete")
-class DigitsDiscreteAdapter(DiscreteAdapter):
+class DigitsDiscreteAdapter(PeftLoraFiles, DiscreteAdapter):
     """The discrete toy: tokens ``[B, 64]`` of 8x8 intensities, decoded as gray images.
 
     Args:
@@ -217,9 +217,3 @@ class DigitsDiscreteAdapter(DiscreteAdapter):
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         return tokens_to_images(x)
 
-    def save_lora(self, directory: str, lora_state_dict: dict[str, torch.Tensor],
-                  metadata: dict[str, Any] | None = None) -> None:
-        save_peft_lora(directory, lora_state_dict, metadata)
-
-    def load_lora(self, directory: str) -> None:
-        load_peft_lora(self.transformer, directory)

@@ -37,7 +37,7 @@ import torch
 from samplers import TokenPath
 from samplers.vq_diffusion import MaskReplaceSchedule, VQDiffusion, gumbel_draw, step_log_probs
 
-from .base import Cond, guided_call, load_peft_lora, register, save_peft_lora
+from .base import Cond, PeftLoraFiles, guided_call, register
 from .discrete import DiscreteAdapter
 
 LOG_ZERO = -70.0
@@ -83,7 +83,7 @@ def load_vq_diffusion(path_or_id: str, dtype: torch.dtype, **kwargs: Any) -> Any
 
 
 @register("vq_diffusion")
-class VQDiffusionAdapter(DiscreteAdapter):
+class VQDiffusionAdapter(PeftLoraFiles, DiscreteAdapter):
     """Adapter for a diffusers ``VQDiffusionPipeline`` folder or hub id.
 
     Args:
@@ -204,12 +204,6 @@ class VQDiffusionAdapter(DiscreteAdapter):
         image = vqvae.decode(embeddings, force_not_quantize=True).sample
         return (image.float() / 2 + 0.5).clamp(0, 1)
 
-    def save_lora(self, directory: str, lora_state_dict: dict[str, torch.Tensor],
-                  metadata: dict[str, Any] | None = None) -> None:
-        save_peft_lora(directory, lora_state_dict, metadata)
-
-    def load_lora(self, directory: str) -> None:
-        load_peft_lora(self.transformer, directory)
 
 
 @torch.no_grad()

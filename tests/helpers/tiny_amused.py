@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from helpers.tiny import tiny_clip_text_encoder, tiny_clip_tokenizer
+from helpers.tiny_vq_diffusion import tiny_vq_model
 
 CODES = 15  # codebook entries the transformer predicts
 VOCAB = 24  # its input vocabulary: the codes, unused ids 15..22 and the mask (23), as aMUSEd's
@@ -16,7 +17,7 @@ def tiny_amused_pipeline(seed: int = 0, masking_schedule: str = "cosine"):
     """A random ``AmusedPipeline``: a 1-layer ``UVit2DModel`` over a 4x4 grid of 15 codes, a
     3-block ``VQModel`` that looks its codes up in the codebook (16x16 images), the tiny CLIP
     text encoder with projection (pooled and hidden states) and an ``AmusedScheduler``."""
-    from diffusers import AmusedPipeline, AmusedScheduler, UVit2DModel, VQModel
+    from diffusers import AmusedPipeline, AmusedScheduler, UVit2DModel
 
     torch.manual_seed(seed)
     transformer = UVit2DModel(
@@ -26,13 +27,7 @@ def tiny_amused_pipeline(seed: int = 0, masking_schedule: str = "cosine"):
         num_hidden_layers=1, num_attention_heads=1, intermediate_size=8, layer_norm_eps=1e-12,
         sample_size=SIDE,
     ).eval()
-    torch.manual_seed(seed)
-    vqvae = VQModel(
-        in_channels=3, out_channels=3, latent_channels=4, num_vq_embeddings=CODES, vq_embed_dim=4,
-        down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3,
-        block_out_channels=(8, 8, 8), layers_per_block=1, norm_num_groups=4, sample_size=16,
-        lookup_from_codebook=True, force_upcast=False,
-    ).eval()
+    vqvae = tiny_vq_model(CODES, seed, lookup_from_codebook=True, force_upcast=False)
     return AmusedPipeline(
         vqvae=vqvae, tokenizer=tiny_clip_tokenizer(),
         text_encoder=tiny_clip_text_encoder(hidden=8, projection=8, seed=seed),
