@@ -94,3 +94,19 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_from_another_folder(tmp_path)
                 "--set", "run.output_dir=run"], elsewhere, env)
     assert (elsewhere / "run" / "checkpoints" / "step_1").is_dir(), out
     assert not list(elsewhere.glob("*.py")) and not (elsewhere / "configs").exists()
+
+
+def test_every_extra_the_docs_name_is_in_pyproject():
+    """``pip install ...[name]`` in the README and docs names an extra of ``pyproject.toml``, and
+    no piece is called an "optional extra" unless a pip extra installs it (f5_tts has a script)."""
+    import re
+
+    extras = set(PYPROJECT["project"]["optional-dependencies"])
+    texts = {p.name: p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]}
+    named = {(name, extra) for name, text in texts.items()
+             for group in re.findall(r"pip install[^\n`]*?\[([\w,\- ]+)\]", text)
+             for extra in group.split(",")}
+    assert named, "the README names no extra"
+    assert {extra.strip() for _, extra in named} <= extras, sorted(named)
+    for name, text in texts.items():
+        assert "optional extra)" not in text, name
