@@ -172,7 +172,6 @@ class AmusedAdapter(PeftLoraFiles, DiscreteAdapter):
         return image.float().clamp(0, 1)
 
 
-
 @torch.no_grad()
 def pipeline_tokens(adapter: AmusedAdapter, prompts: list[str], num_steps: int,
                     guidance: float, generator: torch.Generator | None = None,

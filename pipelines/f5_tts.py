@@ -48,7 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .base import LOGPROB_WEIGHT, Cond, FlowAdapter, load_peft_lora, register, save_peft_lora
+from .base import LOGPROB_WEIGHT, Cond, FlowAdapter, PeftLoraFiles, register
 
 VOCOS_ID = "charactr/vocos-mel-24khz"
 DEFAULT_CONFIG = "F5TTS_v1_Base"
@@ -295,7 +295,7 @@ def f5_text(ref_text: str, text: str) -> str:
 
 
 @register("f5_tts")
-class F5TTSAdapter(FlowAdapter):
+class F5TTSAdapter(PeftLoraFiles, FlowAdapter):
     """Adapter for F5-TTS checkpoints (text-to-speech in the voice of a reference clip).
 
     Args:
@@ -546,15 +546,6 @@ class F5TTSAdapter(FlowAdapter):
         p = self.ref_frames
         mapped = F.interpolate(scores[:, None], size=latents.shape[1] - p, mode="area")
         return F.pad(mapped, (p, 0)).transpose(1, 2)
-
-    def save_lora(self, directory: str, lora_state_dict: dict[str, torch.Tensor],
-                  metadata: dict[str, Any] | None = None) -> None:
-        """A peft LoRA folder (safetensors + its ``LoraConfig``); :meth:`load_lora` reads it."""
-        save_peft_lora(directory, lora_state_dict, metadata)
-
-    def load_lora(self, directory: str) -> None:
-        """Inject the LoRA of a :meth:`save_lora` folder into the DiT."""
-        load_peft_lora(self.transformer, directory)
 
 
 def _checkpoint_activations(dit: torch.nn.Module) -> None:

@@ -47,10 +47,9 @@ from .base import (
     LOGPROB_WEIGHT,
     Cond,
     FlowAdapter,
-    load_peft_lora,
+    PeftLoraFiles,
     load_pipeline,
     register,
-    save_peft_lora,
 )
 
 PROMPT_PAD_FRAMES = 3
@@ -66,7 +65,7 @@ def normalize_text(text: str) -> str:
 
 
 @register("longcat_tts")
-class LongCatTTSAdapter(FlowAdapter):
+class LongCatTTSAdapter(PeftLoraFiles, FlowAdapter):
     """Adapter for any diffusers ``LongCatAudioDiTPipeline`` folder or hub id.
 
     Args:
@@ -251,13 +250,3 @@ class LongCatTTSAdapter(FlowAdapter):
         p = self.prompt_frames
         mapped = F.interpolate(scores[:, None], size=latents.shape[1] - p, mode="area")
         return F.pad(mapped, (p, 0)).transpose(1, 2)
-
-    def save_lora(self, directory: str, lora_state_dict: dict[str, torch.Tensor],
-                  metadata: dict[str, Any] | None = None) -> None:
-        """A peft LoRA folder (safetensors + its ``LoraConfig``): the pipeline has no LoRA
-        loader; :meth:`load_lora` reads it."""
-        save_peft_lora(directory, lora_state_dict, metadata)
-
-    def load_lora(self, directory: str) -> None:
-        """Inject the LoRA of a :meth:`save_lora` folder into the pipeline's transformer."""
-        load_peft_lora(self.transformer, directory)

@@ -205,7 +205,6 @@ class VQDiffusionAdapter(PeftLoraFiles, DiscreteAdapter):
         return (image.float() / 2 + 0.5).clamp(0, 1)
 
 
-
 @torch.no_grad()
 def pipeline_tokens(adapter: VQDiffusionAdapter, prompts: list[str], num_steps: int,
                     guidance: float, generator: torch.Generator | None = None) -> torch.Tensor:
