@@ -28,7 +28,7 @@ from torch import nn
 
 from samplers import TokenPath
 
-from .base import Cond, PeftLoraFiles, register
+from .base import Cond, PeftLoraFiles, guided_call, register
 from .discrete import DiscreteAdapter
 
 SIDE = 8
@@ -206,14 +206,9 @@ class DigitsDiscreteAdapter(PeftLoraFiles, DiscreteAdapter):
 
     def logits(self, x: torch.Tensor, sigma: torch.Tensor, cond: Cond,
                guidance: float) -> torch.Tensor:
-        label = cond.tensors["label"]
-        if guidance <= 1.0:
-            return self.transformer(x, sigma, label).float()
-        out = self.transformer(torch.cat([x, x]), torch.cat([sigma, sigma]),
-                               torch.cat([cond.tensors["neg_label"], label])).float()
-        neg, pos = out.chunk(2)
-        return neg + guidance * (pos - neg)
+        return guided_call(lambda **inputs: self.transformer(**inputs).float(), guidance,
+                           {"tokens": x, "sigma": sigma, "label": cond.tensors["label"]},
+                           {"label": cond.tensors["neg_label"]})
 
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         return tokens_to_images(x)
-

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from pipelines import Cond, DiscreteAdapter
-from pipelines.base import load_peft_lora, save_peft_lora
+from pipelines.base import PeftLoraFiles, guided_call
 from samplers import TokenPath
 
 LEVELS, SIDE = 4, 2
@@ -79,7 +79,7 @@ def make_pipeline(kind="masked", seed=0):
     return GridPipeline(GridTokenModel(LEVELS + 1 if kind == "masked" else LEVELS), kind)
 
 
-class GridTokens(DiscreteAdapter):
+class GridTokens(PeftLoraFiles, DiscreteAdapter):
     """2x2 grids of gray levels: tokens [B, 4], images [B, 3, 2, 2] in [0, 1]."""
 
     token_shape = (SIDE, SIDE)
@@ -107,23 +107,13 @@ class GridTokens(DiscreteAdapter):
         return Cond({"label": labels, "neg_label": torch.full_like(labels, NULL)})
 
     def logits(self, x, sigma, cond, guidance):
-        label = cond.tensors["label"]
-        if guidance <= 1.0:
-            return self.transformer(x, sigma, label).float()
-        both = self.transformer(torch.cat([x, x]), torch.cat([sigma, sigma]),
-                                torch.cat([cond.tensors["neg_label"], label])).float()
-        neg, pos = both.chunk(2)
-        return neg + guidance * (pos - neg)
+        return guided_call(lambda **inputs: self.transformer(**inputs).float(), guidance,
+                           {"tokens": x, "sigma": sigma, "label": cond.tensors["label"]},
+                           {"label": cond.tensors["neg_label"]})
 
     def decode(self, x):
         gray = x.long().clamp_max(LEVELS - 1).float() / (LEVELS - 1)
         return gray.reshape(-1, 1, SIDE, SIDE).expand(-1, 3, -1, -1)
-
-    def save_lora(self, directory, lora_state_dict, metadata=None):
-        save_peft_lora(directory, lora_state_dict, metadata)
-
-    def load_lora(self, directory):
-        load_peft_lora(self.transformer, directory)
 '''
 
 REFERENCE = "grid_tokens.py:GridTokens"
