@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import samplers
+from helpers.lora import assert_lora_round_trip
 from helpers.tiny_amused import CODES, SIDE, VOCAB, tiny_amused_pipeline
 from pipelines.amused import LOG_ZERO, AmusedAdapter, pipeline_tokens
 
@@ -154,33 +155,21 @@ def test_a_larger_image_is_a_larger_token_grid():
 
 
 def test_loads_from_a_folder_and_round_trips_a_lora(tmp_path):
-    from peft import LoraConfig, get_peft_model_state_dict
-
     ad = adapter()
     ad.pipeline.save_pretrained(str(tmp_path / "model"))
     loaded = AmusedAdapter(str(tmp_path / "model"))
     x = ad.corrupt(torch.zeros(2, ad.seq_len, dtype=torch.long), 0.5,
                    torch.Generator().manual_seed(0))
     sigma = torch.full((2,), 0.5)
+
+    def outputs(a):
+        return a.logits(x, sigma, a.encode(PROMPTS), 4.0)
+
     with torch.no_grad():
-        torch.testing.assert_close(loaded.logits(x, sigma, loaded.encode(PROMPTS), 4.0),
-                                   ad.logits(x, sigma, ad.encode(PROMPTS), 4.0))
-    config = LoraConfig(r=4, lora_alpha=4, target_modules=list(ad.default_lora_targets),
-                        init_lora_weights="gaussian")
-    ad.add_lora(config)
-    with torch.no_grad():  # peft starts B at zero; a trained LoRA moves it
-        for name, param in ad.transformer.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn_like(param) * 0.1)
-    state = get_peft_model_state_dict(ad.transformer)
+        torch.testing.assert_close(outputs(loaded), outputs(ad))
+    state = assert_lora_round_trip(ad, loaded, tmp_path / "lora", outputs)
     # every attention of the model: the transformer layers' self and cross attention and the
     # conv blocks' attention
     assert any("transformer_layers" in k and "attn1" in k for k in state)
     assert any("transformer_layers" in k and "attn2" in k for k in state)
     assert any("down_block" in k for k in state) and any("up_block" in k for k in state)
-    ad.save_lora(str(tmp_path / "lora"), state, config.to_dict())
-    loaded.load_lora(str(tmp_path / "lora"))
-    with torch.no_grad():
-        theirs = ad.logits(x, sigma, ad.encode(PROMPTS), 4.0)
-        torch.testing.assert_close(loaded.logits(x, sigma, loaded.encode(PROMPTS), 4.0), theirs)
-    assert not torch.allclose(theirs, adapter().logits(x, sigma, ad.encode(PROMPTS), 4.0))
