@@ -27,8 +27,8 @@ from typing import Any
 
 import yaml
 
-from flowgrpo.config.io import from_dict, load_config, merge_sections, read_config, to_dict
-from flowgrpo.config.schema import Config
+from flowgrpo.config.io import from_dict, layer, load_config, read_config, to_dict
+from flowgrpo.config.schema import Config, RewardConfig
 from flowgrpo.errors import ConfigError
 from flowgrpo.registry import python_name
 
@@ -58,7 +58,7 @@ def train(config: Config | str | Path | None = None, *,
     from flowgrpo.training.trainer import Trainer
 
     if isinstance(config, Config):
-        config = from_dict(merge_sections(to_dict(config), sections)) if sections else config
+        config = from_dict(layer(to_dict(config), sections)) if sections else config
     else:
         config = load_config(config, **sections)
     given = None
@@ -87,7 +87,8 @@ def with_reward(config: Config, reward: RewardArg) -> Config:
         section = dataclasses.replace(config.reward, name=specs[0]["name"], params={},
                                       components=[])
     else:
-        section = dataclasses.replace(config.reward, components=specs, params={})
+        section = dataclasses.replace(config.reward, components=specs, params={},
+                                      name=RewardConfig.name)
     return dataclasses.replace(config, reward=section)
 
 

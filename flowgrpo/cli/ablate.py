@@ -46,13 +46,18 @@ from flowgrpo.config.io import (
     from_dict,
     parse_yaml,
     read_config,
+    switch_pieces,
     to_yaml,
+    written_keys,
 )
 from flowgrpo.data.files import SHIPPED, read_utf8
 from flowgrpo.errors import ConfigError, RunError
 
 PRESETS = SHIPPED / "presets" / "methods.yaml"
 METHOD = "method"
+PER_CELL = {"run.output_dir": "--out", "run.seed": "--seeds"}
+"""Keys ablate sets for each cell, and the flag that chooses them: ``--set``, ``--grid`` or a
+preset giving one is refused rather than overwritten."""
 
 
 @dataclass
@@ -152,24 +157,33 @@ def cell_name(values: dict[str, Any]) -> str:
 def plan(config: str | None, grid: dict[str, list[Any]], overrides: list[str], seeds: int,
          out: Path, presets: dict[str, dict[str, Any]]) -> list[Cell]:
     """Every cell and seed, each config resolved and validated now (nothing runs yet)."""
-    base = apply_overrides(read_config(config), overrides)
+    read, given = read_config(config), written_keys(overrides=overrides)
     if METHOD in grid:
         unknown = [v for v in grid[METHOD] if v not in presets]
         if unknown:
             raise ConfigError(f"--grid method: unknown preset {unknown[0]!r}; valid: "
                               f"{', '.join(presets)}")
+    for key, flag in PER_CELL.items():
+        owners = ([f"--set {key}"] if key in given else []) + (
+            [f"--grid {key}"] if key in grid else []) + [
+            f"preset {name} sets {key}" for name in grid.get(METHOD, []) if key in presets[name]]
+        if owners:
+            raise ConfigError(f"{owners[0]}: flowgrpo ablate chooses {key} for each cell; use "
+                              f"{flag} instead")
     cells, texts = [], []
     for combo in itertools.product(*grid.values()):
         values = dict(zip(grid, combo))
         name = cell_name(values)
+        sets = [(k, v, f"preset {value}") for key, value in values.items() if key == METHOD
+                for k, v in presets[value].items()]
+        sets += [(key, value, f"--grid {key}") for key, value in values.items() if key != METHOD]
         for seed in range(seeds):
-            data = json.loads(json.dumps(base))  # a deep copy of plain YAML data
-            for key, value in values.items():
-                if key == METHOD:
-                    for preset_key, preset_value in presets[value].items():
-                        _set(data, preset_key, preset_value, f"preset {value}")
-                else:
-                    _set(data, key, value, f"--grid {key}")
+            data = json.loads(json.dumps(read))  # a deep copy of plain YAML data
+            # a cell that switches a piece gives it its own defaults, as --set does
+            switch_pieces(data, {**given, **{key: value for key, value, _ in sets}})
+            apply_overrides(data, overrides)
+            for key, value, where in sets:
+                _set(data, key, value, where)
             _set(data, "run.seed", seed, "--seeds")
             folder = out / name / f"s{seed}"
             _set(data, "run.output_dir", str(folder), "--out")

@@ -2,7 +2,10 @@
 
 ``load_config(path, overrides)`` reads YAML, applies ``section.key=value`` overrides (values parsed
 as YAML), type-checks every value against the dataclass field and runs the validators, so that
-an unknown key, a wrong type or a bad value fails before any model is loaded. YAML is read with
+an unknown key, a wrong type or a bad value fails before any model is loaded. An override that
+switches a piece (``sampler.name=ode``) brings that piece's own defaults: the parameters the file
+wrote for the piece it named are dropped, the user's own are kept (:func:`layer`,
+:data:`SWITCH_RULE`). YAML is read with
 :class:`UniqueKeyLoader` (a repeated key is an error, not a silent override), and a syntax error,
 a file that is not UTF-8 or a non-finite float is reported as a :class:`ConfigError` naming the
 file and line (or the key).
@@ -127,7 +130,7 @@ def parse_yaml(text: str, source: str, lines: bool = True) -> Any:
     """Parse YAML ``text`` with :class:`UniqueKeyLoader`; an error becomes a one-line
     :class:`ConfigError` starting with ``source`` (``source:line`` when ``lines``)."""
     try:
-        return yaml.load(text, Loader=UniqueKeyLoader)  # safe: a SafeLoader subclass
+        data = yaml.load(text, Loader=UniqueKeyLoader)  # safe: a SafeLoader subclass
     except DuplicateKeyError as err:
         detail = f" in {err.where} (first at line {err.first})" if lines else ""
         where = _where(source, err.problem_mark.line, lines)
@@ -143,6 +146,30 @@ def parse_yaml(text: str, source: str, lines: bool = True) -> Any:
         where = _where(source, text.count("\n", 0, max(err.position, 0)), lines)
         raise ConfigError(f"{where}: YAML syntax error: unacceptable character "
                           f"#x{err.character:04x} ({err.reason})") from None
+    slip = _colon_slip(data)
+    if slip:
+        key, value = slip.split(":", 1)
+        raise ConfigError(f"{source}: YAML read {slip!r} as one key with no value, because a "
+                          f"colon needs a space after it: write {{{key}: {value}}}")
+    return data
+
+
+def _colon_slip(data: Any) -> str | None:
+    """The first mapping key like ``size:3`` with no value (``{size:3}``: YAML reads a colon
+    followed by no space as part of the key), else None."""
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if (value is None and isinstance(key, str) and ":" in key
+                        and not key.startswith(":") and not key.endswith(":")
+                        and "://" not in key):
+                    return key
+                stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
 
 
 def _where(source: str, line: int | None, lines: bool) -> str:
@@ -243,6 +270,89 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+def _switch_rule() -> dict[str, tuple[str, ...]]:
+    """``key naming a piece -> the keys that belong to the piece it names`` (from :data:`SLOTS`:
+    a piece's params; a reward's name, params and components replace one another)."""
+    rule: dict[str, tuple[str, ...]] = {}
+    for slot in SLOTS:
+        if slot.each:
+            rule[slot.key] = (slot.params, slot.each)
+            rule[slot.each] = (slot.key, slot.params)
+        elif slot.params:
+            rule[slot.key] = (slot.params,)
+    return rule
+
+
+SWITCH_RULE = _switch_rule()
+"""What a switched piece drops: ``--set sampler.name=ode`` on a file that names ``sde`` with
+``sampler.params: {noise_level: 0.7}`` drops those params, so ``ode`` starts from its own
+defaults (params the user gives in the same command are kept, and checked against ``ode``)."""
+
+SWITCH_HELP = ("A key that names a piece (sampler.name, train.loss, train.objective, "
+               "model.family, reward.name, ...) and its params key go together: when --set "
+               "(or a keyword section, an ablation cell or a preset) switches the piece to "
+               "another name, the params the config file wrote for the old piece are dropped "
+               "and the new piece starts from its own defaults; params you give in the same "
+               "command (key.params={...} or key.params.x=...) are kept and must fit the piece "
+               "you chose. reward.name and reward.components replace one another the same way.")
+
+
+def _default(key: str) -> Any:
+    """The schema default of ``section.field``."""
+    section, _, name = key.partition(".")
+    cls = typing.get_type_hints(Config)[section]
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def written_keys(sections: dict | None = None, overrides: list[str] | None = None
+                 ) -> dict[str, Any]:
+    """``section.key -> value`` of what keyword sections and ``--set`` overrides write, later
+    ones winning (a sub-key write such as ``sampler.params.eta=1`` is not listed: it adds to
+    the params it finds, which a switch first empties)."""
+    written: dict[str, Any] = {}
+    for name, values in (sections or {}).items():
+        if isinstance(values, dict):
+            written.update({f"{name}.{key}": value for key, value in values.items()})
+    for item in overrides or []:
+        parts, value = parse_override(item)
+        if len(parts) == 2:
+            written[".".join(parts)] = value
+    return written
+
+
+def switch_pieces(data: dict, written: dict[str, Any]) -> list[str]:
+    """Drop from ``data`` (config data as read) what belongs to each piece that ``written``
+    switches to another name (:data:`SWITCH_RULE`), unless ``written`` sets it too; returns the
+    keys dropped."""
+    dropped = []
+    for key, belongs in SWITCH_RULE.items():
+        if key not in written:
+            continue
+        section, _, name = key.partition(".")
+        node = data.get(section)
+        node = node if isinstance(node, dict) else {}
+        mixed = any(slot.key == key and node.get(slot.each.partition(".")[2])
+                    for slot in SLOTS if slot.each)  # a single reward named over a mix
+        if not mixed and written[key] == node.get(name, _default(key)):
+            continue  # not a switch
+        for other in belongs:
+            other_section, _, other_name = other.partition(".")
+            holder = data.get(other_section)
+            if other not in written and isinstance(holder, dict) and other_name in holder:
+                del holder[other_name]
+                dropped.append(other)
+    return dropped
+
+
+def layer(data: dict, sections: dict | None = None, overrides: list[str] | None = None) -> dict:
+    """Config data as read (a file, a saved config), then keyword ``sections``, then ``--set``
+    ``overrides``, with the switch rule (:data:`SWITCH_RULE`) applied first (in place;
+    returned)."""
+    switch_pieces(data, written_keys(sections, overrides))
+    return apply_overrides(merge_sections(data, sections or {}), overrides or [])
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 **sections: dict) -> Config:
     """Read a YAML config, apply overrides, validate.
@@ -254,8 +364,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         sections: keyword overrides per section, merged into the file's values before
             ``overrides``: ``load_config(run={"epochs": 5}, train={"lr": 1e-4})``.
     """
-    data = merge_sections(read_config(path), sections)
-    return from_dict(apply_overrides(data, overrides or []))
+    return from_dict(layer(read_config(path), sections, overrides))
 
 
 def read_config(path: str | Path | None = None) -> dict:
@@ -292,7 +401,7 @@ def describe_fields() -> str:
     """Every config key with its default and help text (``flowgrpo config --help-fields``); a key
     naming a piece lists the built-in names of its kind, read from its registry."""
     kinds = {slot.key: slot.kind for slot in SLOTS}
-    lines = []
+    lines = [*textwrap.wrap(f"# {SWITCH_HELP}", 96, subsequent_indent="# "), ""]
     for section in dataclasses.fields(Config):
         cls = typing.get_type_hints(Config)[section.name]
         lines.append(f"{section.name}:")

@@ -96,8 +96,8 @@ class SamplerConfig:
 
 @dataclass
 class RewardConfig:
-    name: str = _help("reward (reward_models registry); ignored when components is set",
-                      default="digit")
+    name: str = _help("reward (reward_models registry); left at its default when components "
+                      "is set", default="digit")
     params: dict = _help("reward parameters", default_factory=dict)
     components: list = _help("weighted mix: a list of {name, weight, params}",
                              default_factory=list)
@@ -116,6 +116,11 @@ class RewardConfig:
         return [{"weight": 1.0, "params": {}, **c} for c in self.components]
 
     def validate(self) -> None:
+        if self.components:  # a mix replaces the single reward: its keys would be ignored
+            require(not self.params, "reward.params", self.params, "unused when "
+                    "reward.components is set: give each component its own params")
+            require(self.name == RewardConfig.name, "reward.name", self.name, "unused when "
+                    "reward.components is set: list it as a component (or drop components)")
         for i, spec in enumerate(self.components):
             require(isinstance(spec, dict) and "name" in spec, f"reward.components[{i}]", spec,
                    "each component is a mapping with a 'name' (and optional weight, params)")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowgrpo.config.io import apply_overrides, from_dict, load_config, parse_override, to_dict
+from flowgrpo.config.io import from_dict, layer, load_config, parse_override, to_dict
 from flowgrpo.config.schema import Config
 from flowgrpo.errors import RunError
 from flowgrpo.run.checkpoint import checkpoint_dirs
@@ -134,7 +134,7 @@ def train_config(path: str | None, overrides: list[str], resume: str | None
         if keys == ["run", "output_dir"]:
             output_dir = str(value)
     folder = checkpoint.find_checkpoint(resume, output_dir, warn=warn)
-    data = apply_overrides(checkpoint.saved_config(folder), overrides)
+    data = layer(checkpoint.saved_config(folder), overrides=overrides)
     return from_dict(data), str(folder)
 
 
