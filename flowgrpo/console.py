@@ -8,6 +8,10 @@ The command calls :func:`configure` once its arguments are parsed:
   the library would print it: no library's log level is raised.
 - ``QUIET``: the same, with the libraries' loggers at ERROR, no hub download bars, and none of
   flowgrpo's own progress bars (:func:`show_progress`) or notes (:func:`note`).
+
+Everything flowgrpo itself prints goes through this module: :func:`note` (start-up and progress
+lines, stdout, hidden by ``QUIET``), :func:`result` (what the command was asked for, stdout) and
+:func:`warn` (stderr); under ``--quiet`` a command shows its results and warnings only.
 - ``VERBOSE``: the libraries' loggers at INFO, their loading bars shown, nothing filtered.
 
 Until :func:`configure` is called (the Python API), nothing here touches the libraries' logging.
@@ -135,7 +139,18 @@ def show_progress(enabled: bool) -> bool:
 def note(message: str) -> None:
     """Print an informational line on stdout, unless the console is ``QUIET``."""
     if level() != QUIET:
-        print(message)
+        print(message, flush=True)
+
+
+def result(message: str) -> None:
+    """Print what a command was asked for (a table, metrics, a run's summary) on stdout, at
+    every level."""
+    print(message, flush=True)
+
+
+def warn(message: str) -> None:
+    """Print ``flowgrpo: warning: message`` on stderr, at every level."""
+    print(f"flowgrpo: warning: {message}", file=sys.stderr, flush=True)
 
 
 def reset() -> None:

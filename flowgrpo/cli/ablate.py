@@ -254,8 +254,8 @@ def ablate(config: str | None, grid_items: list[str], overrides: list[str], seed
     # seed-major: every cell's first seed before any cell's second, so a partial ablation
     # already compares every cell
     todo = sorted((c for c in cells if not c.done), key=lambda c: c.seed)
-    print(f"flowgrpo ablate: {len(cells)} runs in {folder} ({len(cells) - len(todo)} done, "
-          f"{len(todo)} to run, {parallel} at a time)", flush=True)
+    console.note(f"flowgrpo ablate: {len(cells)} runs in {folder} ({len(cells) - len(todo)} "
+                 f"done, {len(todo)} to run, {parallel} at a time)")
     threads = max(1, (os.cpu_count() or 1) // parallel)
     failures: list[str] = []
     with ThreadPoolExecutor(parallel) as pool, tqdm(total=len(todo),

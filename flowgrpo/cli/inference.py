@@ -17,6 +17,7 @@ from flowgrpo import console
 from flowgrpo.config.io import load_config
 from flowgrpo.config.schema import Config
 from flowgrpo.data.prompts import load_prompts
+from flowgrpo.errors import ConfigError
 from flowgrpo.rl.session import ModelSession
 from flowgrpo.seeding import stream_seed
 from flowgrpo.training.evaluation import Evaluator, generate
@@ -24,12 +25,13 @@ from flowgrpo.training.model_setup import load_adapter
 from flowgrpo.training.reward_runner import RewardRunner
 
 
-def run_config(run: str) -> Config:
-    """The resolved config saved with a run (``run`` may be a checkpoint folder)."""
+def run_config(run: str, overrides: list[str] | None = None) -> Config:
+    """The resolved config saved with a run (``run`` may be a checkpoint folder), with
+    ``--set`` ``overrides`` applied."""
     path = Path(run)
     for folder in (path, path.parent.parent):
         if (folder / "config.yaml").is_file():
-            return load_config(folder / "config.yaml")
+            return load_config(folder / "config.yaml", overrides)
     raise FileNotFoundError(f"no config.yaml found for {run}")
 
 
@@ -55,13 +57,19 @@ def _device(cfg: Config) -> str:
 
 
 def sample(cfg: Config | None, run: str | None, prompts: list[str] | None, sampler: str | None,
-           num_steps: int | None, seed: int, num: int, out: str) -> Path:
+           num_steps: int | None, seed: int, num: int, out: str,
+           params_given: bool = False) -> Path:
     """Write a grid of ``num`` samples per prompt to ``out`` and return its path (``sampler``
-    None: the ODE, or the config's sampler for a discrete model, which has no ODE)."""
+    None: the ODE, or the config's sampler for a discrete model, which has no ODE).
+    ``params_given``: the user set ``sampler.params``, which must then reach the sampler used
+    (the config's), else this is a :class:`ConfigError` rather than params ignored."""
     cfg = cfg if cfg is not None else run_config(run)
     adapter = load_trained(cfg, run, _device(cfg))
     if sampler is None:
         sampler = "ode" if adapter.state_space.deterministic_eval else cfg.sampler.name
+    if params_given and sampler != cfg.sampler.name:
+        raise ConfigError(f"sampler.params are the params of {cfg.sampler.name!r}, but sample "
+                          f"uses {sampler!r}: pass --sampler {cfg.sampler.name} to use them")
     items = ([(p, {}) for p in prompts] if prompts
              else load_prompts(cfg.data.eval_prompts or cfg.data.prompts))
     all_prompts = [p for p, _ in items for _ in range(num)]

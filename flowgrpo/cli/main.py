@@ -25,6 +25,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from flowgrpo import console
 from flowgrpo.errors import ConfigError, FlowgrpoError, one_line
 
 
@@ -41,6 +42,39 @@ def _load(args: argparse.Namespace):
     return load_config(args.config, args.overrides)
 
 
+# --set keys a command cannot honour, with what to use instead ('*': every key but those listed)
+UNUSED = {
+    "sample": {"run.output_dir": "--out", "run.seed": "--seed", "sampler.name": "--sampler",
+               "sampler.num_steps": "--num-steps (or --set sampler.eval_num_steps=N)"},
+    "eval": {"run.output_dir": "nothing: eval writes no files, it prints the metrics"},
+}
+
+
+def _refuse_unused(command: str, overrides: list[str], allowed: tuple[str, ...] = ()) -> None:
+    """A ``--set`` key ``command`` would not use is an error naming what to use instead."""
+    from flowgrpo.config.io import parse_override
+
+    for item in overrides:
+        key = ".".join(parse_override(item)[0][:2])
+        if allowed and key not in allowed:
+            raise ConfigError(f"--set {key}: flowgrpo {command} reads only "
+                              f"{', '.join(allowed)} from --set")
+        if key in UNUSED.get(command, {}):
+            raise ConfigError(f"--set {key}: flowgrpo {command} does not use it; use "
+                              f"{UNUSED[command][key]}")
+
+
+def _inference_config(args: argparse.Namespace, command: str):
+    """The config of ``sample`` / ``eval``: CONFIG, else the run's own config (with ``--set``
+    applied to it), else the CPU default."""
+    _refuse_unused(command, args.overrides)
+    if args.run and not args.config:
+        from flowgrpo.cli.inference import run_config
+
+        return run_config(args.run, args.overrides)
+    return _load(args)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from flowgrpo.run.resume import train_config
     from flowgrpo.training.trainer import Trainer
@@ -54,22 +88,32 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from flowgrpo.cli.ablate import ablate, describe_presets
 
     if args.list_presets:
-        print(describe_presets(args.presets))
+        given = [flag for flag, value in (("CONFIG", args.config), ("--grid", args.grid),
+                                          ("--set", args.overrides), ("--out", args.out))
+                 if value]
+        if given:
+            raise ConfigError(f"--list-presets prints the presets and exits; it takes no "
+                              f"{given[0]}")
+        console.result(describe_presets(args.presets))
         return 0
     folder = ablate(args.config, args.grid, args.overrides, seeds=args.seeds,
                     parallel=args.parallel, target=args.target, out=args.out,
                     presets=args.presets)
-    print((folder / "ablation.md").read_text(), end="")
-    print(f"results: {folder}/ablation.csv, ablation.md, eval_vs_step.png, eval_vs_calls.png, "
-          f"eval_vs_time.png")
+    console.result((folder / "ablation.md").read_text().rstrip("\n"))
+    console.result(f"results: {folder}/ablation.csv, ablation.md, eval_vs_step.png, "
+                   f"eval_vs_calls.png, eval_vs_time.png")
     return 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:
     from flowgrpo.config.io import describe_fields, to_yaml
 
+    listing = "--help-fields" if args.help_fields else "--recipes" if args.recipes else ""
+    if listing and (args.config or args.overrides):
+        raise ConfigError(f"{listing} lists what every config may hold; it takes no "
+                          f"{'CONFIG' if args.config else '--set'}")
     if args.help_fields:
-        print(describe_fields())
+        console.result(describe_fields())
         return 0
     if args.recipes:
         from flowgrpo.config.io import recipes
@@ -77,11 +121,11 @@ def cmd_config(args: argparse.Namespace) -> int:
 
         shown = recipes()
         width = max(len(name) for name, _ in shown)
-        print(f"shipped configs ({SHIPPED}); use as `flowgrpo train configs/<name>`:")
+        console.result(f"shipped configs ({SHIPPED}); use as `flowgrpo train configs/<name>`:")
         for name, about in shown:
-            print(f"  {name:<{width}}  {about}")
+            console.result(f"  {name:<{width}}  {about}")
         return 0
-    print(to_yaml(_load(args)), end="")
+    console.result(to_yaml(_load(args)).rstrip("\n"))
     return 0
 
 
@@ -90,14 +134,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     if args.config or args.overrides:  # resolves the config's references, listed below
         _load(args)
-    print("built-in:")
+    console.result("built-in:")
     for title, names in builtins():
-        print(f"  {title}: {', '.join(names)}")
+        console.result(f"  {title}: {', '.join(names)}")
     plugins = plugged_in()
-    print("plug-ins:" if plugins else "plug-ins: none (entry points, module:attribute or "
-          "file.py:attribute references; see the README)")
+    console.result("plug-ins:" if plugins else "plug-ins: none (entry points, module:attribute "
+                   "or file.py:attribute references; see the README)")
     for title, name, origin in plugins:
-        print(f"  {title}: {name} <- {origin}")
+        console.result(f"  {title}: {name} <- {origin}")
     return 0
 
 
@@ -108,35 +152,45 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.config or args.overrides:  # read, not validated: a config that fails still reports
         from flowgrpo.config.io import apply_overrides, read_config
 
+        _refuse_unused("doctor", args.overrides, allowed=("model.path",))
         data = apply_overrides(read_config(args.config), args.overrides)
         model = str((data.get("model") or {}).get("path", "digits"))
-    print(report(probe=not args.no_network, model=model))
+    console.result(report(probe=not args.no_network, model=model))
     return 0
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
     from flowgrpo.cli.inference import sample
 
-    config = _load(args) if args.config or args.overrides or not args.run else None
+    for flag, value in (("--num", args.num), ("--num-steps", args.num_steps)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    config = _inference_config(args, "sample")
+    given = [item for item in args.overrides if item.split("=", 1)[0].strip().startswith(
+        "sampler.params")]
+    if given and args.sampler and args.sampler != config.sampler.name:
+        raise ConfigError(f"--set {given[0].split('=', 1)[0].strip()} sets the params of the "
+                          f"config's sampler {config.sampler.name!r}, but --sampler is "
+                          f"{args.sampler!r}: sample with one sampler")
     sample(config, run=args.run, prompts=args.prompt, sampler=args.sampler,
-           num_steps=args.num_steps, seed=args.seed, num=args.num, out=args.out)
+           num_steps=args.num_steps, seed=args.seed, num=args.num, out=args.out,
+           params_given=bool(given))
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from flowgrpo.cli.inference import evaluate
 
-    config = _load(args) if args.config or args.overrides or not args.run else None
-    metrics = evaluate(config, run=args.run)
+    metrics = evaluate(_inference_config(args, "eval"), run=args.run)
     for key, value in metrics.items():
-        print(f"{key}: {value:.4f}")
+        console.result(f"{key}: {value:.4f}")
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from flowgrpo.cli.report import report_runs
 
-    print(report_runs(args.runs, args.out))
+    console.result(report_runs(args.runs, args.out))
     return 0
 
 
@@ -280,8 +334,6 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "serve-reward":
         return cmd_serve_reward(argv[1:])
     args = build_parser().parse_args(argv)
-    from flowgrpo import console
-
     console.configure(console.QUIET if args.quiet else console.VERBOSE if args.verbose
                       else console.NORMAL)
     try:

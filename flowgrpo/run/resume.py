@@ -171,7 +171,9 @@ def record(run_dir: Path, folder: Path, step: int, world: int, changed: dict,
 
 
 def warn(message: str) -> None:
-    print(f"flowgrpo: warning: {message}", flush=True)
+    from flowgrpo import console
+
+    console.warn(message)
 
 
 @dataclass
@@ -246,5 +248,7 @@ class RunFolder:
         notes = [f"changed: {', '.join(self.changed)}"] if self.changed else []
         if self.saved_world != world:
             notes.append(f"written by {self.saved_world} processes; the global batch is kept")
-        print(f"flowgrpo: resuming from {self.checkpoint} at step {step}"
-              + (f" ({'; '.join(notes)})" if notes else ""), flush=True)
+        from flowgrpo import console
+
+        console.note(f"flowgrpo: resuming from {self.checkpoint} at step {step}"
+                     + (f" ({'; '.join(notes)})" if notes else ""))

@@ -27,7 +27,7 @@ from flowgrpo import distributed as engines
 from flowgrpo.config.io import to_dict
 from flowgrpo.config.schema import Config
 from flowgrpo.data.prompts import sample_groups
-from flowgrpo.errors import Interrupted, RunError
+from flowgrpo.errors import ConfigError, Interrupted, RunError
 from flowgrpo.rl import advantages as adv_lib
 from flowgrpo.rl.batch import GlobalView, RolloutBatch, chunks
 from flowgrpo.rl.rollout import rollout
@@ -97,10 +97,13 @@ class Trainer:
             sampler, reward_funcs: parts passed in instead of built from the config (see
                 :func:`~flowgrpo.training.components.build_components`).
         """
+        if resume and overwrite:
+            raise ConfigError("overwrite starts a fresh run and resume continues one: pass "
+                              "only one of them (--overwrite, --resume)")
         acc = accelerator(config)
         run = RunFolder.open(config, acc, resume, overwrite)
         if acc.is_main_process:
-            print(f"flowgrpo: {engines.describe(acc)}; run directory {run.path}", flush=True)
+            console.note(f"flowgrpo: {engines.describe(acc)}; run directory {run.path}")
         return cls(build_components(config, acc, sampler=sampler, reward_funcs=reward_funcs),
                    run)
 
@@ -446,7 +449,7 @@ class Trainer:
         if last:
             lines.append(f"last rollout reward/mean: {last['reward/mean']:.3f}")
         lines.append(f"plot: flowgrpo report {self.run_dir}")
-        print("\n".join(lines))
+        console.result("\n".join(lines))
 
     # ----------------------------------------------------------------- checkpoints
     def save(self, step: int) -> Path | None:
