@@ -271,11 +271,20 @@ def serve(
 
 
 def _parse_params(pairs: list[str], params_json: str | None) -> dict:
-    params = json.loads(params_json) if params_json else {}
+    from flowgrpo.errors import ConfigError
+
+    try:
+        params = json.loads(params_json) if params_json else {}
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"--params is not valid JSON ({err.msg} at column {err.colno}): "
+                          f"{params_json!r}") from None
+    if not isinstance(params, dict):
+        raise ConfigError(f"--params must be a JSON object of the reward's parameters, got "
+                          f"{params_json!r}")
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
-            raise SystemExit(f"--param expects key=value, got {pair!r}")
+            raise ConfigError(f"--param expects key=value, got {pair!r}")
         try:
             params[key] = json.loads(value)
         except json.JSONDecodeError:

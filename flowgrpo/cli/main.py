@@ -332,12 +332,17 @@ def main(argv: list[str] | None = None) -> int:
         argv.remove("--debug")
         debug = True
     if argv and argv[0] == "serve-reward":
-        return cmd_serve_reward(argv[1:])
-    args = build_parser().parse_args(argv)
-    console.configure(console.QUIET if args.quiet else console.VERBOSE if args.verbose
-                      else console.NORMAL)
+        def command() -> int:
+            return cmd_serve_reward(argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
+        console.configure(console.QUIET if args.quiet else console.VERBOSE if args.verbose
+                          else console.NORMAL)
+
+        def command() -> int:
+            return args.func(args)
     try:
-        return args.func(args)
+        return command()
     except BrokenPipeError:  # e.g. `flowgrpo list | head`: the reader has what it wanted
         sys.stderr.close()
         return 0

@@ -418,6 +418,9 @@ def report(run_dir: str | Path, out: str | Path | None = None) -> str:
 def report_runs(paths: list[str | Path], out: str | Path | None = None) -> str:
     """``flowgrpo report``: one run folder gets :func:`report`; several runs or an ablation
     folder get the overlay figure and one summary line per run; returns the text to print."""
+    if out is not None and Path(out).is_dir():
+        raise RunError(f"--out {out} is a folder; give the plot's file name (e.g. "
+                       f"{Path(out) / 'report.png'})")
     if len(paths) == 1 and (Path(paths[0]) / METRICS).is_file():
         return report(paths[0], out)
     runs, ablation = resolve(paths)

@@ -331,7 +331,10 @@ def find_checkpoint(resume: str, output_dir: str,
                            "run.output_dir, or start without --resume)")
     if not run.is_dir():
         raise RunError(f"--resume {resume}: {run} does not exist")
-    found = intact_checkpoint(run, warn)
+    skipped: list[str] = []  # told only when an intact one is used; else the error says it
+    found = intact_checkpoint(run, skipped.append)
+    for message in skipped if found is not None and warn is not None else []:
+        warn(message)
     if found is None:
         damaged = checkpoint_dirs(run)
         raise RunError(f"--resume {resume}: {run} has no intact checkpoint"

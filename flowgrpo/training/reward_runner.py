@@ -167,8 +167,16 @@ class RewardRunner:
         raise RewardStop(f"{error}{tries} (run.on_reward_error: {policy})")
 
     def score(self, data: torch.Tensor, prompts: list[str], metadata: list[dict]) -> RewardOutput:
-        """Score a batch synchronously (eval)."""
-        return self.reward(self.media(data.detach()), prompts, metadata)
+        """Score a batch synchronously (eval); a fault is a one-line
+        :class:`~flowgrpo.errors.RunError` naming the reward (an eval has no policy to skip)."""
+        try:
+            return check_output(self.name, self.reward(self.media(data.detach()), prompts,
+                                                       metadata), len(prompts))
+        except RewardFault as fault:
+            raise RunError(f"eval: {fault.message}") from None
+        except Exception as err:  # noqa: BLE001 - a user's reward may raise anything
+            raise RunError(f"eval: reward {self.name} raised "
+                           f"{one_line(err, with_type=True)}") from None
 
     def for_advantages(self, signal) -> torch.Tensor | dict:
         """What the advantage estimator normalises (``signal``: a credit's

@@ -27,7 +27,7 @@ from flowgrpo import distributed as engines
 from flowgrpo.config.io import to_dict
 from flowgrpo.config.schema import Config
 from flowgrpo.data.prompts import sample_groups
-from flowgrpo.errors import ConfigError, Interrupted, RunError
+from flowgrpo.errors import ConfigError, Interrupted, RunError, one_line
 from flowgrpo.rl import advantages as adv_lib
 from flowgrpo.rl.batch import GlobalView, RolloutBatch, chunks
 from flowgrpo.rl.rollout import rollout
@@ -453,10 +453,19 @@ class Trainer:
 
     # ----------------------------------------------------------------- checkpoints
     def save(self, step: int) -> Path | None:
-        """Write checkpoint ``step`` atomically (see :mod:`flowgrpo.run.checkpoint`)."""
-        path = ckpt.save(self.run_dir, step, self.acc, self.session,
-                         lambda sharded: self.checkpoint_state(step, sharded),
-                         self.cfg.run.keep_checkpoints)
+        """Write checkpoint ``step`` atomically (see :mod:`flowgrpo.run.checkpoint`); a write
+        that fails (a full disk, a read-only folder) is a one-line
+        :class:`~flowgrpo.errors.RunError` naming the run folder (the half-written temporary
+        folder is removed at the next start)."""
+        from safetensors import SafetensorError
+
+        try:
+            path = ckpt.save(self.run_dir, step, self.acc, self.session,
+                             lambda sharded: self.checkpoint_state(step, sharded),
+                             self.cfg.run.keep_checkpoints)
+        except (OSError, SafetensorError) as err:
+            raise RunError(f"cannot write checkpoint step_{step} in {self.run_dir}: "
+                           f"{one_line(err)}") from None
         self.last_saved = step
         return path
 
