@@ -12,7 +12,9 @@
   fails at once with the valid names.
 - Resumable: a cell that finished (``done.json``) is not run again; one with a checkpoint
   continues with ``--resume auto`` (exactly, see :mod:`flowgrpo.run.resume`); one killed before its
-  first checkpoint starts over.
+  first checkpoint starts over. A cell whose run folder is locked by a live run (an earlier
+  ablation of the same folder still going, :mod:`flowgrpo.run.lock`) is left to that run and
+  reported.
 - Cells run one after another, or ``--parallel P`` at a time (each with ``cores / P`` threads).
 - Results: ``ablation.csv`` (one row per cell and seed), ``ablation.md`` (mean ± std over seeds
   per cell) and ``eval_vs_step.png``, ``eval_vs_calls.png``, ``eval_vs_time.png`` (one line per
@@ -212,10 +214,15 @@ def default_out(config: str | None, grid: dict, overrides: list[str], seeds: int
 def run_cell(cell: Cell, threads: int) -> str | None:
     """Run (or continue) one cell in a subprocess; returns None on success, else a line."""
     from flowgrpo.run.checkpoint import latest_checkpoint
+    from flowgrpo.run.lock import describe, holder
     from flowgrpo.run.resume import holds_run
 
     if cell.done:
         return None
+    owner = holder(cell.folder)
+    if owner is not None:  # an earlier ablation's run of this cell has not ended
+        return (f"{cell.name} seed {cell.seed} is still running ({describe(owner)}); it was "
+                f"left to that run")
     cmd = [sys.executable, "-m", "flowgrpo.cli", "train", str(cell.config_file)]
     cmd += {console.QUIET: ["--quiet"], console.VERBOSE: ["--verbose"]}.get(console.level(), [])
     if latest_checkpoint(cell.folder) is not None:

@@ -186,6 +186,8 @@ class RunFolder:
         changed: the harmless config keys a resume changes (:func:`check_config`).
         saved_world: the number of processes that wrote ``checkpoint``.
         overwrite: a fresh run replaces an earlier run's files in ``path``.
+        lock: the folder's lock (:mod:`flowgrpo.run.lock`), held by the main process from
+            :meth:`open` until :meth:`release`.
     """
 
     path: Path
@@ -193,6 +195,12 @@ class RunFolder:
     changed: dict = field(default_factory=dict)
     saved_world: int = 1
     overwrite: bool = False
+    lock: Any = None
+
+    def release(self) -> None:
+        """Let another run write into the folder."""
+        if self.lock is not None:
+            self.lock.release()
 
     @classmethod
     def open(cls, config: Config, acc: Any, resume: str | None = None,
@@ -224,10 +232,25 @@ class RunFolder:
             changed = check_config(state["config"], saved_world, config, acc.num_processes)
         else:
             run_dir = Path(config.run.output_dir) if config.run.output_dir else new_run_dir()
-        path = Path(broadcast_object_list([str(run_dir)])[0])
+        lock, error = None, ""
+        if main:  # before anything in the folder is written or deleted
+            from flowgrpo.run.lock import acquire
+
+            try:
+                lock = acquire(run_dir, warn)
+            except RunError as err:
+                error = str(err)
+        path, error = broadcast_object_list([str(run_dir), error])
+        if error:  # every process stops, none waits for the others
+            raise RunError(error)
+        run = cls(Path(path), folder, changed, saved_world, overwrite, lock)
         if folder is None:
-            guard_fresh(path, overwrite, clear=False)
-        return cls(path, folder, changed, saved_world, overwrite)
+            try:
+                guard_fresh(run.path, overwrite, clear=False)
+            except RunError:
+                run.release()
+                raise
+        return run
 
     def prepare(self, config: Config, step: int, world: int) -> None:
         """On the main process, before anything is written: nothing of an earlier run is lost

@@ -62,7 +62,7 @@ class Trainer:
         self.credit, self.views, self.objective, self.pruner = (c.credit, c.views, c.objective,
                                                                 c.pruner)
         self.rewards, self.prompts = c.rewards, c.prompts
-        self.run_dir = run.path
+        self.run_dir, self.run_folder = run.path, run
         self.adv_state: dict = {}  # a stateful advantage estimator's running statistics
         self.nonfinite_run = 0  # optimizer steps skipped in a row for non-finite gradients
         self.start_epoch = 0
@@ -104,8 +104,12 @@ class Trainer:
         run = RunFolder.open(config, acc, resume, overwrite)
         if acc.is_main_process:
             console.note(f"flowgrpo: {engines.describe(acc)}; run directory {run.path}")
-        return cls(build_components(config, acc, sampler=sampler, reward_funcs=reward_funcs),
-                   run)
+        try:
+            return cls(build_components(config, acc, sampler=sampler,
+                                        reward_funcs=reward_funcs), run)
+        except BaseException:
+            run.release()
+            raise
 
     def state_dict(self) -> dict:
         """The trainer's own counters (checkpointed in ``state.json``)."""
@@ -371,6 +375,7 @@ class Trainer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.tracker.close()
+            self.run_folder.release()
         if self.acc.is_main_process:
             self.print_summary(base_eval, row, time.time() - started)
         return row
