@@ -12,12 +12,16 @@ Protocol::
 
 Errors answer ``{"error": message}``: 400 malformed JSON or fields (or a reward's own
 ``ValueError``/``TypeError``, e.g. the wrong media kind), 401 missing/bad bearer token, 404 unknown
-path, 411 no Content-Length, 413 body over ``max_bytes`` or batch over ``max_batch``, 500 a
-reward failure. The server keeps serving after every error. Requests are handled on threads;
-scoring is serialized by a lock because reward models are not assumed thread-safe.
+path, 408 a body not received within ``read_timeout`` seconds (a client that sends half a request
+and stalls; the connection is then closed), 411 no Content-Length, 413 body over ``max_bytes``
+(refused before it is read) or batch over ``max_batch``, 415 a Content-Type other than
+``application/json`` (a request without one is read as JSON), 500 a reward failure. The server
+keeps serving after every error. Requests are handled on threads, so a stalled client holds only
+its own; scoring is serialized by a lock because reward models are not assumed thread-safe.
 
 Binds to 127.0.0.1 by default: a reward server executes models on request and has no rate limit,
-so expose it beyond loopback only behind a token (``--token``) and a trusted network.
+so it binds beyond loopback only when told to (``--host``) and only with a token (``--token``);
+keep it on a trusted network.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from .media import Media, media_from_wire, media_to_wire
 log = logging.getLogger(__name__)
 DEFAULT_MAX_BYTES = 256 * 2**20
 DRAIN_LIMIT = 16 * 2**20  # bytes of a refused body read and dropped before answering
+DEFAULT_READ_TIMEOUT = 30.0  # seconds a client may take to send its request
 TOKEN_ENV = "FLOWGRPO_REWARD_TOKEN"
 
 
@@ -127,7 +132,7 @@ class RewardHandler(BaseHTTPRequestHandler):
     """``GET /health`` and ``POST /score`` for one reward; :func:`_handler` binds the reward and
     the limits as class attributes (``http.server`` builds one handler per request)."""
 
-    timeout = 120  # seconds a stalled client may hold a connection
+    timeout = DEFAULT_READ_TIMEOUT  # seconds a stalled client may hold a connection
     reward: Reward
     max_batch: int
     max_bytes: int
@@ -151,9 +156,12 @@ class RewardHandler(BaseHTTPRequestHandler):
         """Drop a refused body. Reading it (up to a bound) lets the client receive the error
         instead of a connection reset; beyond the bound the connection is closed."""
         self.close_connection = True
-        remaining = min(max(length, 0), DRAIN_LIMIT)
+        remaining = max(length, 0) if length <= DRAIN_LIMIT else 0  # a larger one: answer now
         while remaining > 0:
-            chunk = self.rfile.read(min(remaining, 2**16))
+            try:
+                chunk = self.rfile.read(min(remaining, 2**16))
+            except OSError:  # the client stalled (read timeout) or left: answer what we can
+                break
             if not chunk:
                 break
             remaining -= len(chunk)
@@ -172,7 +180,10 @@ class RewardHandler(BaseHTTPRequestHandler):
             media, prompts, metadata = self._read(length)
             self._send(200, encode_output(self._score(media, prompts, metadata)))
         except _Reply as reply:
-            self._send(reply.code, reply.payload)
+            try:
+                self._send(reply.code, reply.payload)
+            except OSError:  # the client is gone: nobody to answer
+                self.close_connection = True
 
     def _admit(self) -> int:
         """The body length of an acceptable request; raises :class:`_Reply` for a wrong path, a
@@ -193,13 +204,26 @@ class RewardHandler(BaseHTTPRequestHandler):
             self._discard(length)
             raise _Reply(413, {"error": f"body of {length} bytes exceeds "
                                         f"max_bytes={self.max_bytes}"})
+        kind = self.headers.get("Content-Type", "application/json").split(";")[0].strip()
+        if kind.lower() != "application/json":
+            self._discard(length)
+            raise _Reply(415, {"error": f"Content-Type {kind!r}: send application/json"})
         return length
 
     def _read(self, length: int) -> tuple[Media, list[str], list[dict]]:
         """The request's media, prompts and metadata; a malformed body is a 400, a batch over
         ``max_batch`` a 413."""
         try:
-            return decode_request(json.loads(self.rfile.read(length)), self.max_batch)
+            body = self.rfile.read(length)
+        except TimeoutError:
+            self.close_connection = True
+            raise _Reply(408, {"error": f"the body did not arrive within {self.timeout:g} s"}
+                         ) from None
+        if len(body) < length:  # the client closed before sending all it announced
+            self.close_connection = True
+            raise _Reply(400, {"error": f"body of {len(body)} bytes, {length} announced"})
+        try:
+            return decode_request(json.loads(body), self.max_batch)
         except OverflowError as e:
             raise _Reply(413, {"error": str(e)}) from None
         except (ValueError, TypeError, KeyError, OSError) as e:
@@ -218,11 +242,24 @@ class RewardHandler(BaseHTTPRequestHandler):
             raise _Reply(500, {"error": f"{type(e).__name__}: {e}"}) from None
 
 
-def _handler(reward: Reward, max_batch: int, max_bytes: int, token: str | None) -> type:
+def _handler(reward: Reward, max_batch: int, max_bytes: int, token: str | None,
+             read_timeout: float = DEFAULT_READ_TIMEOUT) -> type:
     """A :class:`RewardHandler` subclass bound to ``reward`` and the limits."""
     return type("Handler", (RewardHandler,), {
         "reward": staticmethod(reward), "max_batch": max_batch, "max_bytes": max_bytes,
-        "token": token, "lock": threading.Lock()})
+        "token": token, "lock": threading.Lock(), "timeout": read_timeout})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (``127.0.0.0/8``, ``::1``, ``localhost``)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class RewardServer:
@@ -255,13 +292,23 @@ def serve(
     max_bytes: int = DEFAULT_MAX_BYTES,
     token: str | None = None,
     background: bool = True,
+    read_timeout: float = DEFAULT_READ_TIMEOUT,
 ) -> RewardServer:
     """Serve ``reward`` on ``host:port`` (port 0: a free one); returns the server (``.url``).
 
     With ``background`` (default) requests are served on a daemon thread and this returns at
-    once; otherwise the caller runs ``server.httpd.serve_forever()``.
+    once; otherwise the caller runs ``server.httpd.serve_forever()``. A ``host`` beyond loopback
+    needs a ``token``; ``read_timeout``: seconds a client may take to send its request.
     """
-    httpd = ThreadingHTTPServer((host, port), _handler(reward, max_batch, max_bytes, token))
+    from flowgrpo.errors import ConfigError
+
+    if not is_loopback(host) and not token:
+        raise ConfigError(f"--host {host} serves beyond this machine: set a token (--token or "
+                          f"${TOKEN_ENV}) so only your clients can score")
+    if not read_timeout > 0 or max_batch < 1 or max_bytes < 1:
+        raise ConfigError("--read-timeout, --max-batch and --max-bytes must be > 0")
+    httpd = ThreadingHTTPServer((host, port), _handler(reward, max_batch, max_bytes, token,
+                                                       read_timeout))
     httpd.daemon_threads = True
     thread = None
     if background:
@@ -308,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch", type=int, default=64, help="largest batch accepted")
     parser.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES,
                         help="largest request body accepted, in bytes")
+    parser.add_argument("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT,
+                        help="seconds a client may take to send its request (default "
+                        f"{DEFAULT_READ_TIMEOUT:g})")
     return parser
 
 
@@ -318,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     reward = build_reward(args.reward, _parse_params(args.param, args.params))
     server = serve(reward, args.host, args.port, args.max_batch, args.max_bytes, args.token,
-                   background=False)
+                   background=False, read_timeout=args.read_timeout)
     print(server.url, flush=True)
     try:
         server.httpd.serve_forever()
