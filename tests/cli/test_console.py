@@ -341,3 +341,4 @@ assert [lvl for lvl, _ in levels[:2]] == [logging.WARNING] * 2 and not levels[2]
 assert dbar and tbar and not hub_off, (dbar, tbar, hub_off)
 """)
     assert "something real" in done.stderr
+
