@@ -9,6 +9,7 @@ every start after a kill resumes."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -132,4 +133,43 @@ def test_a_signal_checkpoints_prints_one_line_and_resumes_exactly(tmp_path, unin
     proc = start(run, gate)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
+    assert_same_run(run, uninterrupted)
+
+
+STARTUP = ROOT / "tests" / "helpers" / "startup"  # its sitecustomize installs the hooks
+
+
+def hooked(**variables: str) -> dict[str, str]:
+    """This process's environment with the start-up hooks of ``helpers/startup`` switched on by
+    ``variables``."""
+    path = os.pathsep.join(p for p in (str(STARTUP), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, **variables}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where,at,stopped", [
+    ("eval", 3, 3),   # the eval of step 3: the epoch's row and checkpoint, then the stop
+    ("eval", 0, 1),   # the base eval: the first epoch runs, is saved, then the stop
+    ("write", 2, 2),  # checkpoint step_2 written but not yet renamed into place
+    ("write", EPOCHS, EPOCHS),  # the last checkpoint: the resume has nothing left to do
+])
+def test_sigterm_inside_an_eval_or_a_checkpoint_write_then_resume_is_exact(
+        tmp_path, uninterrupted, where, at, stopped):
+    run = tmp_path / "run"
+    proc = subprocess.run(command(run), capture_output=True, text=True, timeout=600,
+                          env=hooked(FLOWGRPO_TEST_SIGNAL=f"{where}:{at}"))
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert err[-1] == (f"flowgrpo: stopped by SIGTERM after step {stopped}; checkpoint "
+                       f"step_{stopped} written; continue with --resume auto"), err
+    assert [p.name for p in ckpt.checkpoint_dirs(run)][-1] == f"step_{stopped}"
+    assert ckpt.verify(run / "checkpoints" / f"step_{stopped}") is None
+    assert not list((run / "checkpoints").glob(".tmp_*"))
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == list(range(stopped + 1))  # each step once, none lost
+    assert all("eval/reward" in r for r in rows if r["step"] % 3 == 0)
+    proc = subprocess.run(command(run, "--resume", "auto"), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_run(run, uninterrupted)
