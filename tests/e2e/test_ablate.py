@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -12,7 +18,9 @@ import yaml
 from flowgrpo.cli import ablate as ablate_lib
 from flowgrpo.cli.main import main
 from flowgrpo.errors import ConfigError
+from flowgrpo.run import checkpoint as ckpt
 from flowgrpo.run.tracking import read_metrics
+from helpers.hooks import hooked
 
 TINY = ["train.batch_size=8", "train.group_size=4", "sampler.num_steps=4", "run.epochs=2",
         "run.eval_every=1", "run.save_every=1", "data.eval_images_per_prompt=1",
@@ -146,3 +154,101 @@ def test_every_discrete_preset_is_a_valid_config_of_the_discrete_toy(tmp_path):
         model = presets[cell.values["method"]]["model.path"]  # digits_discrete_<path>
         assert trainer.adapter.path.kind == model.rsplit("_", 1)[1]
     assert objectives == {"DFlowGRPO", "UdmGRPO"}
+
+
+# ----------------------------------------------------------------------------- kills
+KILL_GRID = ["--grid", "train.lr=0.0001,0.0002", "--seeds", "1"]
+FIRST, SECOND = "train.lr=0.0001", "train.lr=0.0002"
+
+
+def ablate_command(out: Path) -> list[str]:
+    return [sys.executable, "-m", "flowgrpo.cli", "ablate", *KILL_GRID, "--out", str(out),
+            *[a for s in TINY for a in ("--set", s)]]
+
+
+def held_ablation(out: Path, gate: Path, epoch: int) -> tuple[subprocess.Popen, int]:
+    """``flowgrpo ablate`` in a process group of its own, its second cell held before
+    ``epoch``; returns the process and the held cell's process id, once it waits."""
+    gate.mkdir()
+    env = hooked(FLOWGRPO_TEST_GATE=gate, FLOWGRPO_TEST_GATE_RUN=out / SECOND / "s0",
+                 FLOWGRPO_TEST_GATE_EPOCH=epoch)
+    proc = subprocess.Popen(ablate_command(out), env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not (gate / "held").is_file() or not (gate / "held").read_text():
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, "the second cell never reached the gate"
+        time.sleep(0.02)
+    return proc, int((gate / "held").read_text())
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie waiting to be reaped does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def assert_finished_once(out: Path, resumed: bool) -> None:
+    """The re-run skipped the finished first cell, ran the second once more and wrote one done
+    row per cell and seed."""
+    first = (out / FIRST / "s0" / "attempts.jsonl").read_text().splitlines()
+    assert len(first) == 1  # skipped, not run again
+    attempts = [json.loads(a) for a in
+                (out / SECOND / "s0" / "attempts.jsonl").read_text().splitlines()]
+    assert [(a["resumed"], a["returncode"]) for a in attempts][-1] == (resumed, 0)
+    for cell in (FIRST, SECOND):
+        assert [r["step"] for r in read_metrics(out / cell / "s0")] == [0, 1, 2]
+        assert json.loads((out / cell / "s0" / "done.json").read_text())["attempts"] >= 1
+    with open(out / "ablation.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["cell"], r["seed"], r["done"], r["steps"]) for r in rows] == [
+        (FIRST, "0", "True", "2"), (SECOND, "0", "True", "2")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("epoch", [1, 0], ids=["after-a-checkpoint", "before-any-checkpoint"])
+def test_sigkill_of_the_ablation_s_process_group_then_the_same_command_finishes(tmp_path,
+                                                                                  epoch):
+    out, gate = tmp_path / "abl", tmp_path / "gate"
+    proc, child = held_ablation(out, gate, epoch)
+    os.killpg(proc.pid, signal.SIGKILL)  # the ablation and the cell it runs, at once
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert (out / FIRST / "s0" / "done.json").is_file()
+    second = out / SECOND / "s0"
+    assert not (second / "done.json").exists() and not (second / "attempts.jsonl").exists()
+    assert [p.name for p in ckpt.checkpoint_dirs(second)] == [f"step_{e}" for e in
+                                                              range(1, epoch + 1)]
+    rerun = subprocess.run(ablate_command(out), capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    assert "(1 done, 1 to run" in rerun.stdout
+    log = (out / SECOND / "s0.log").read_text()
+    assert ("resuming from" in log) == bool(epoch)  # else it started over with --overwrite
+    assert_finished_once(out, resumed=bool(epoch))
+    assert not alive(child)
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_ablation_alone_stops_its_cell_then_the_same_command_finishes(tmp_path):
+    out, gate = tmp_path / "abl", tmp_path / "gate"
+    proc, child = held_ablation(out, gate, 1)
+    try:
+        proc.kill()  # the ablation only: its cell must not live on, waiting or training
+        proc.communicate(timeout=60)
+        deadline = time.monotonic() + 120
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(child), "the cell of a killed ablation is still running"
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+    log = (out / SECOND / "s0.log").read_text()
+    assert log.strip().splitlines()[-1] == (
+        "flowgrpo: stopped by SIGTERM after step 1; checkpoint step_1 written; continue with "
+        "--resume auto")
+    rerun = subprocess.run(ablate_command(out), capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    assert_finished_once(out, resumed=True)

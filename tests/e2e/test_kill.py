@@ -9,7 +9,6 @@ every start after a kill resumes."""
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from safetensors.torch import load_file
 from flowgrpo.run import checkpoint as ckpt
 from flowgrpo.run.tracking import read_metrics
 from helpers import ROOT
+from helpers.hooks import hooked
 from helpers.toy import stable
 
 GATED = str(ROOT / "tests" / "helpers" / "gated_train.py")
@@ -134,16 +134,6 @@ def test_a_signal_checkpoints_prints_one_line_and_resumes_exactly(tmp_path, unin
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     assert_same_run(run, uninterrupted)
-
-
-STARTUP = ROOT / "tests" / "helpers" / "startup"  # its sitecustomize installs the hooks
-
-
-def hooked(**variables: str) -> dict[str, str]:
-    """This process's environment with the start-up hooks of ``helpers/startup`` switched on by
-    ``variables``."""
-    path = os.pathsep.join(p for p in (str(STARTUP), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path, **variables}
 
 
 @pytest.mark.slow
