@@ -16,6 +16,10 @@
   ablation of the same folder still going, :mod:`flowgrpo.run.lock`) is left to that run and
   reported.
 - Cells run one after another, or ``--parallel P`` at a time (each with ``cores / P`` threads).
+- A killed ablation leaves nothing that a re-run trips over: a cell's ``flowgrpo train`` gets
+  SIGTERM when the ablation dies (Linux; it checkpoints after its epoch and exits 143, see
+  :func:`die_with_parent`), ``attempts.jsonl`` skips a line cut short, ``done.json`` and the
+  results are replaced whole.
 - Results: ``ablation.csv`` (one row per cell and seed), ``ablation.md`` (mean ± std over seeds
   per cell) and ``eval_vs_step.png``, ``eval_vs_calls.png``, ``eval_vs_time.png`` (one line per
   cell, a band over seeds).
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import itertools
 import json
 import math
@@ -57,6 +62,9 @@ from flowgrpo.errors import ConfigError, RunError
 
 PRESETS = SHIPPED / "presets" / "methods.yaml"
 METHOD = "method"
+PARENT = "FLOWGRPO_ABLATE_PARENT"
+"""The environment variable that tells a cell's ``flowgrpo train`` the ablation's process id
+(:func:`die_with_parent`)."""
 PER_CELL = {"run.output_dir": "--out", "run.seed": "--seeds"}
 """Keys ablate sets for each cell, and the flag that chooses them: ``--set``, ``--grid`` or a
 preset giving one is refused rather than overwritten."""
@@ -77,7 +85,7 @@ class Cell:
 
     @property
     def done(self) -> bool:
-        return (self.folder / "done.json").is_file()
+        return read_done(self.folder) is not None
 
 
 def split_values(text: str) -> list[str]:
@@ -211,6 +219,63 @@ def default_out(config: str | None, grid: dict, overrides: list[str], seeds: int
     return Path("runs") / "ablations" / f"{stem}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
+def die_with_parent() -> None:
+    """In a cell's ``flowgrpo train``: receive SIGTERM when the ablation that started it dies,
+    even by SIGKILL, so no cell lives on unwatched (a re-run would start a second process in the
+    same run folder). The run then stops as on any SIGTERM. Linux only (``PR_SET_PDEATHSIG``);
+    elsewhere nothing changes."""
+    import signal
+
+    parent = os.environ.pop(PARENT, "")
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):  # the ablation died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def read_attempts(folder: Path) -> list[dict]:
+    """The attempts of a cell; a line cut short by a kill is skipped."""
+    path = folder / "attempts.jsonl"
+    attempts = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            attempts.append(json.loads(line))
+        except ValueError:
+            continue
+    return attempts
+
+
+def append_attempt(folder: Path, attempt: dict) -> None:
+    """Append one line to ``attempts.jsonl``, on a line of its own after a torn one."""
+    path = folder / "attempts.jsonl"
+    torn = path.is_file() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
+    with open(path, "a") as f:
+        f.write(("\n" if torn else "") + json.dumps(attempt) + "\n")
+
+
+def read_done(folder: Path) -> dict | None:
+    """A finished cell's ``done.json``; None when it is absent or not a whole JSON object."""
+    try:
+        done = json.loads((folder / "done.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return done if isinstance(done, dict) else None
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all (a temporary sibling, then a rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def run_cell(cell: Cell, threads: int) -> str | None:
     """Run (or continue) one cell in a subprocess; returns None on success, else a line."""
     from flowgrpo.run.checkpoint import latest_checkpoint
@@ -229,21 +294,20 @@ def run_cell(cell: Cell, threads: int) -> str | None:
         cmd += ["--resume", "auto"]
     elif cell.folder.is_dir() and holds_run(cell.folder):
         cmd += ["--overwrite"]  # killed before its first checkpoint: nothing to continue
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # torch's threads per run
+    # torch's threads per run; the cell stops when this process dies (die_with_parent)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), PARENT: str(os.getpid())}
     cell.folder.mkdir(parents=True, exist_ok=True)
     started = time.time()
     with open(cell.folder.parent / f"s{cell.seed}.log", "a") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     wall = time.time() - started
-    with open(cell.folder / "attempts.jsonl", "a") as f:
-        f.write(json.dumps({"wall_s": wall, "returncode": proc.returncode,
-                            "resumed": "--resume" in cmd}) + "\n")
+    append_attempt(cell.folder, {"wall_s": wall, "returncode": proc.returncode,
+                                 "resumed": "--resume" in cmd})
     if proc.returncode != 0:
         return (f"{cell.name} seed {cell.seed} exited {proc.returncode} (log: "
                 f"{cell.folder.parent / f's{cell.seed}.log'})")
-    attempts = [json.loads(line) for line in (cell.folder / "attempts.jsonl").read_text()
-                .splitlines()]
-    (cell.folder / "done.json").write_text(json.dumps(
+    attempts = read_attempts(cell.folder)
+    replace_text(cell.folder / "done.json", json.dumps(
         {"wall_s": sum(a["wall_s"] for a in attempts), "attempts": len(attempts)}))
     return None
 
@@ -301,7 +365,7 @@ def cell_result(cell: Cell, target: float | None) -> dict[str, Any]:
           for r, s in zip(train, seconds)}
     hit = next((r["step"] for r in evals if target is not None and r["step"] > 0
                 and r["eval/reward"] >= target), None)
-    done = json.loads((cell.folder / "done.json").read_text()) if cell.done else {}
+    done = read_done(cell.folder) or {}
     return {
         "cell": cell.name, **{k: json.dumps(v) if not isinstance(v, str) else v
                               for k, v in cell.values.items()},
@@ -315,7 +379,7 @@ def cell_result(cell: Cell, target: float | None) -> dict[str, Any]:
         "wall_s": done.get("wall_s", math.nan),
         "calls_to_target": at[hit][0] if hit in at else math.nan,
         "seconds_to_target": at[hit][1] if hit in at else math.nan,
-        "done": cell.done,
+        "done": bool(done),
     }
 
 
@@ -340,10 +404,11 @@ def _count(values: list[float]) -> str:
 def summarize(folder: Path, cells: list[Cell], axes: list[str], target: float | None) -> None:
     """Write ``ablation.csv``, ``ablation.md`` and the three plots."""
     results = [cell_result(c, target) for c in cells]
-    with open(folder / "ablation.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(results[0]))
-        writer.writeheader()
-        writer.writerows(results)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=list(results[0]))
+    writer.writeheader()
+    writer.writerows(results)
+    replace_text(folder / "ablation.csv", table.getvalue())
     by_cell: dict[str, list[dict]] = {}
     for r in results:
         by_cell.setdefault(r["cell"], []).append(r)
@@ -362,7 +427,7 @@ def summarize(folder: Path, cells: list[Cell], axes: list[str], target: float | 
             f"{_count(col('calls_nograd'))} | {_count(col('calls_grad'))} | "
             f"{_mean_std(col('train_s'), 1)} | {_mean_std(col('wall_s'), 1)} | "
             f"{_count(col('calls_to_target'))} | {_mean_std(col('seconds_to_target'), 1)} |")
-    (folder / "ablation.md").write_text("\n".join(lines) + "\n")
+    replace_text(folder / "ablation.md", "\n".join(lines) + "\n")
     plot(folder, cells)
 
 

@@ -76,6 +76,9 @@ def _inference_config(args: argparse.Namespace, command: str):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from flowgrpo.cli.ablate import die_with_parent
+
+    die_with_parent()  # a cell of flowgrpo ablate stops with it
     from flowgrpo.run.resume import train_config
     from flowgrpo.training.trainer import Trainer
 

@@ -252,3 +252,23 @@ def test_sigkill_of_the_ablation_alone_stops_its_cell_then_the_same_command_fini
     rerun = subprocess.run(ablate_command(out), capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
     assert_finished_once(out, resumed=True)
+
+
+def test_a_torn_attempts_line_or_done_file_of_a_killed_ablation_does_not_stop_the_re_run(
+        tmp_path, monkeypatch):
+    def fake_run(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(ablate_lib.subprocess, "run", fake_run)
+    cell = ablate_lib.Cell("c", {}, 0, tmp_path / "cell" / "s0")
+    cell.folder.mkdir(parents=True)
+    (cell.folder / "attempts.jsonl").write_text('{"wall_s": 2.0, "returncode": 0, "resu')
+    (cell.folder / "done.json").write_text('{"wall_s": 2.')  # killed while writing it
+    assert not cell.done
+    assert ablate_lib.run_cell(cell, threads=1) is None
+    lines = (cell.folder / "attempts.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[1])["returncode"] == 0
+    assert cell.done and json.loads((cell.folder / "done.json").read_text())["attempts"] == 1
+    ablate_lib.summarize(tmp_path, [cell], [], None)
+    with open(tmp_path / "ablation.csv") as f:
+        assert [r["done"] for r in csv.DictReader(f)] == ["True"]
