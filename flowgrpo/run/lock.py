@@ -11,6 +11,10 @@ messages. A record left behind by a process that no longer holds the lock is a s
 next run names it in a warning and takes over. A record written on another host cannot be
 checked from here (``flock`` need not reach across a network file system), so it is refused
 with the way to remove it.
+
+The lock is about processes: within one process it is shared, so several trainers of one
+process may open one folder (``flowgrpo.testing`` builds one per sampler into the same folder);
+the file is released when the last of them lets go.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import fcntl
 import json
 import os
 import socket
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -59,13 +64,33 @@ def _release(fd: int, path: Path) -> None:
         os.close(fd)
 
 
+class _Held:
+    """A lock this process holds, shared by every :class:`RunLock` of its folder."""
+
+    def __init__(self, key: str, path: Path, fd: int) -> None:
+        self.key, self.path, self.fd, self.count = key, path, fd, 0
+
+    def drop(self) -> None:
+        with _GUARD:
+            self.count -= 1
+            if self.count:
+                return
+            _HELD.pop(self.key, None)
+        _release(self.fd, self.path)
+
+
+_HELD: dict[str, _Held] = {}  # resolved folder -> the lock this process holds on it
+_GUARD = threading.RLock()  # a finalizer may run inside acquire (garbage collection)
+
+
 class RunLock:
     """The lock of one run folder, held until :meth:`release` (or the object is collected, or
     the process ends)."""
 
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path = path
-        self._finalizer = weakref.finalize(self, _release, fd, path)
+    def __init__(self, held: _Held) -> None:
+        held.count += 1
+        self.path = held.path
+        self._finalizer = weakref.finalize(self, held.drop)
 
     @property
     def held(self) -> bool:
@@ -85,6 +110,15 @@ def acquire(folder: str | Path, warn: Callable[[str], None] | None = None) -> Ru
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
+    key = str(folder.resolve())
+    with _GUARD:
+        if key in _HELD:  # this process holds it already
+            return RunLock(_HELD[key])
+        return RunLock(_take(folder, path, key, warn))
+
+
+def _take(folder: Path, path: Path, key: str, warn: Callable[[str], None] | None) -> _Held:
+    """Lock ``path`` for this process (see :func:`acquire`)."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -115,12 +149,17 @@ def acquire(folder: str | Path, warn: Callable[[str], None] | None = None) -> Ru
     os.lseek(fd, 0, os.SEEK_SET)
     os.write(fd, json.dumps({"pid": os.getpid(), "host": host, "since": time.time()}).encode())
     os.fsync(fd)
-    return RunLock(path, fd)
+    _HELD[key] = _Held(key, path, fd)
+    return _HELD[key]
 
 
 def holder(folder: str | Path) -> dict[str, Any] | None:
     """The owner of ``folder``'s lock while a live process holds it, else None."""
     path = Path(folder) / LOCK_NAME
+    with _GUARD:
+        held = _HELD.get(str(Path(folder).resolve()))
+    if held is not None:  # this process: flock would not see its own lock
+        return {"pid": os.getpid(), "host": socket.gethostname()}
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
