@@ -226,6 +226,8 @@ def decode_wav(data: str) -> tuple[torch.Tensor, int]:
         cid, size = raw[pos : pos + 4], struct.unpack("<I", raw[pos + 4 : pos + 8])[0]
         chunk = raw[pos + 8 : pos + 8 + size]
         if cid == b"fmt ":
+            if len(chunk) < 16:
+                raise ValueError(f"WAV fmt chunk of {len(chunk)} bytes, 16 expected")
             fmt = struct.unpack("<HHIIHH", chunk[:16])
         elif cid == b"data":
             payload = chunk
@@ -233,6 +235,8 @@ def decode_wav(data: str) -> tuple[torch.Tensor, int]:
     if fmt is None or payload is None:
         raise ValueError("WAV file lacks a fmt or data chunk")
     code, channels, rate, _, _, bits = fmt
+    if channels < 1 or rate < 1:
+        raise ValueError(f"WAV header says {channels} channels at {rate} Hz")
     if (code, bits) == (3, 32):
         samples = np.frombuffer(payload, dtype="<f4")
     elif (code, bits) == (1, 16):
@@ -264,7 +268,12 @@ def media_from_wire(kind: str, items: list, sample_rate: int | None = None) -> M
     elif kind == "video":
         if not all(isinstance(video, list) and video for video in items):
             raise ValueError("video media must be a list of non-empty lists of frames")
-        tensors = [torch.stack([decode_png(f) for f in video]) for video in items]
+        tensors = []
+        for video in items:
+            frames = [decode_png(f) for f in video]
+            if len({tuple(f.shape) for f in frames}) != 1:
+                raise ValueError("all frames of a video must have one shape")
+            tensors.append(torch.stack(frames))
     else:
         decoded = [decode_wav(item) for item in items]
         rates = {rate for _, rate in decoded}

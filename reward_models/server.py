@@ -10,14 +10,30 @@ Protocol::
                  -> {"scores": [B], "regions": [B][h][w] | null,
                      "components": {name: [B]} | null, "info": {...}}
 
-Errors answer ``{"error": message}``: 400 malformed JSON or fields (or a reward's own
-``ValueError``/``TypeError``, e.g. the wrong media kind), 401 missing/bad bearer token, 404 unknown
-path, 408 a body not received within ``read_timeout`` seconds (a client that sends half a request
-and stalls; the connection is then closed), 411 no Content-Length, 413 body over ``max_bytes``
-(refused before it is read) or batch over ``max_batch``, 415 a Content-Type other than
-``application/json`` (a request without one is read as JSON), 500 a reward failure. The server
-keeps serving after every error. Requests are handled on threads, so a stalled client holds only
-its own; scoring is serialized by a lock because reward models are not assumed thread-safe.
+Errors answer ``{"error": message}``:
+
+===  ==========================================================================================
+400  malformed JSON (or nested too deep), a body that is not an object, missing or mistyped
+     fields, media that does not decode (bad base64, not a PNG/WAV, ragged shapes), a
+     Content-Length that is not a number, a body shorter than announced, or a reward's own
+     ``ValueError``/``TypeError`` (e.g. the wrong media kind)
+401  missing or wrong bearer token (when the server has one)
+404  unknown path
+408  the request did not arrive within ``read_timeout`` seconds of connecting (a client that
+     sends half a body and stalls, or trickles it); the connection is then closed. A request
+     whose headers never finish is closed without an answer.
+411  no Content-Length, or a ``Transfer-Encoding`` (chunked bodies are not accepted)
+413  a Content-Length over ``max_bytes`` (refused before the body is read), or a batch over
+     ``max_batch`` (the message names the limit)
+415  a Content-Type other than ``application/json`` (parameters such as ``; charset=utf-8``
+     are fine); a request without a Content-Type is read as JSON, since the body is parsed
+     as JSON either way (the ``remote`` client always sends ``application/json``)
+500  the reward failed otherwise (logged)
+===  ==========================================================================================
+
+The server keeps serving after every error. Requests are handled on threads, one request per
+connection, so a stalled client holds only its own thread and for at most ``read_timeout``;
+scoring is serialized by a lock because reward models are not assumed thread-safe.
 
 Binds to 127.0.0.1 by default: a reward server executes models on request and has no rate limit,
 so it binds beyond loopback only when told to (``--host``) and only with a token (``--token``);
@@ -28,10 +44,13 @@ from __future__ import annotations
 
 import argparse
 import hmac
+import io
 import json
 import logging
 import os
+import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -128,6 +147,26 @@ class _Reply(Exception):
         self.code, self.payload = code, payload
 
 
+class _DeadlineReader(io.RawIOBase):
+    """The socket's bytes, until ``seconds`` after construction: each read waits only for the
+    time left, then raises ``TimeoutError``. One deadline for the whole request, so a client
+    that trickles a byte now and then is dropped as surely as one that stalls."""
+
+    def __init__(self, sock: socket.socket, seconds: float) -> None:
+        super().__init__()
+        self.sock, self.deadline = sock, time.monotonic() + seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the request's read deadline passed")
+        self.sock.settimeout(remaining)
+        return self.sock.recv_into(buffer)
+
+
 class RewardHandler(BaseHTTPRequestHandler):
     """``GET /health`` and ``POST /score`` for one reward; :func:`_handler` binds the reward and
     the limits as class attributes (``http.server`` builds one handler per request)."""
@@ -139,11 +178,16 @@ class RewardHandler(BaseHTTPRequestHandler):
     token: str | None
     lock: threading.Lock
 
+    def setup(self) -> None:
+        super().setup()  # one request per connection (HTTP/1.0): one deadline covers it
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self.timeout))
+
     def log_message(self, fmt: str, *args: Any) -> None:
         log.debug("%s " + fmt, self.address_string(), *args)
 
     def _send(self, code: int, payload: dict) -> None:
         data = json.dumps(payload).encode()
+        self.connection.settimeout(self.timeout)  # the reply gets its own time to be written
         self.send_response(code)
         if code == 401:
             self.send_header("WWW-Authenticate", "Bearer")
@@ -160,7 +204,7 @@ class RewardHandler(BaseHTTPRequestHandler):
         while remaining > 0:
             try:
                 chunk = self.rfile.read(min(remaining, 2**16))
-            except OSError:  # the client stalled (read timeout) or left: answer what we can
+            except OSError:  # the client stalled (read deadline) or left: answer what we can
                 break
             if not chunk:
                 break
@@ -178,29 +222,37 @@ class RewardHandler(BaseHTTPRequestHandler):
         try:
             length = self._admit()
             media, prompts, metadata = self._read(length)
-            self._send(200, encode_output(self._score(media, prompts, metadata)))
-        except _Reply as reply:
-            try:
-                self._send(reply.code, reply.payload)
-            except OSError:  # the client is gone: nobody to answer
-                self.close_connection = True
+            reply = _Reply(200, self._encode(self._score(media, prompts, metadata)))
+        except _Reply as refused:
+            reply = refused
+        try:
+            self._send(reply.code, reply.payload)
+        except OSError:  # the client is gone: nobody to answer
+            self.close_connection = True
 
     def _admit(self) -> int:
         """The body length of an acceptable request; raises :class:`_Reply` for a wrong path, a
         missing length, a wrong token or a body over ``max_bytes`` (drained first)."""
         if self.path.rstrip("/") != "/score":
             raise _Reply(404, {"error": f"unknown path {self.path!r}; POST to /score"})
-        try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            self.close_connection = True
-            raise _Reply(411, {"error": "a Content-Length header is required"}) from None
+        self.close_connection = True
+        if self.headers.get("Transfer-Encoding") is not None:
+            raise _Reply(411, {"error": "Transfer-Encoding is not accepted: send the body with "
+                                        "a Content-Length header"})
+        lengths = {v.strip() for v in self.headers.get_all("Content-Length") or []}
+        if not lengths:
+            raise _Reply(411, {"error": "a Content-Length header is required"})
+        value = next(iter(lengths))
+        if len(lengths) > 1 or not (value.isascii() and value.isdigit()):
+            raise _Reply(400, {"error": f"Content-Length {', '.join(sorted(lengths))!r} is not "
+                                        "one number of bytes"})
+        length = int(value)
         if self.token is not None:
             given = self.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
                 self._discard(length)
                 raise _Reply(401, {"error": "missing or wrong bearer token"})
-        if length > self.max_bytes or length < 0:
+        if length > self.max_bytes:
             self._discard(length)
             raise _Reply(413, {"error": f"body of {length} bytes exceeds "
                                         f"max_bytes={self.max_bytes}"})
@@ -216,18 +268,22 @@ class RewardHandler(BaseHTTPRequestHandler):
         try:
             body = self.rfile.read(length)
         except TimeoutError:
-            self.close_connection = True
-            raise _Reply(408, {"error": f"the body did not arrive within {self.timeout:g} s"}
+            raise _Reply(408, {"error": f"the request did not arrive within {self.timeout:g} s"}
                          ) from None
+        except OSError as e:  # reset by the client: the answer will most likely not arrive
+            raise _Reply(400, {"error": f"the body could not be read: {e}"}) from None
         if len(body) < length:  # the client closed before sending all it announced
-            self.close_connection = True
             raise _Reply(400, {"error": f"body of {len(body)} bytes, {length} announced"})
         try:
             return decode_request(json.loads(body), self.max_batch)
         except OverflowError as e:
             raise _Reply(413, {"error": str(e)}) from None
+        except RecursionError:
+            raise _Reply(400, {"error": "malformed request: JSON nested too deep"}) from None
         except (ValueError, TypeError, KeyError, OSError) as e:
             raise _Reply(400, {"error": f"malformed request: {e}"}) from None
+        except Exception as e:  # whatever else the decoders raise on a client's bytes
+            raise _Reply(400, {"error": f"malformed request: {type(e).__name__}: {e}"}) from None
 
     def _score(self, media: Media, prompts: list[str], metadata: list[dict]) -> RewardOutput:
         """The reward's output, one request at a time; a bad input is a 400, any other reward
@@ -240,6 +296,14 @@ class RewardHandler(BaseHTTPRequestHandler):
         except Exception as e:  # any reward failure: report it, keep serving
             log.exception("reward failed")
             raise _Reply(500, {"error": f"{type(e).__name__}: {e}"}) from None
+
+    def _encode(self, out: RewardOutput) -> dict:
+        """The reply to a scored batch; an output that cannot be encoded is a 500."""
+        try:
+            return encode_output(out)
+        except Exception as e:
+            log.exception("reward output could not be encoded")
+            raise _Reply(500, {"error": f"reward output: {type(e).__name__}: {e}"}) from None
 
 
 def _handler(reward: Reward, max_batch: int, max_bytes: int, token: str | None,
