@@ -348,6 +348,19 @@ class RewardServer:
         self.close()
 
 
+def check_settings(host: str, token: str | None, read_timeout: float, max_batch: int,
+                   max_bytes: int) -> None:
+    """Refuse a bind beyond loopback without a token, and limits that are not positive, with a
+    ``ConfigError`` (one line): checked before a reward is built, so nothing loads in vain."""
+    from flowgrpo.errors import ConfigError
+
+    if not is_loopback(host) and not token:
+        raise ConfigError(f"--host {host} serves beyond this machine: set a token (--token or "
+                          f"${TOKEN_ENV}) so only your clients can score")
+    if not read_timeout > 0 or max_batch < 1 or max_bytes < 1:
+        raise ConfigError("--read-timeout, --max-batch and --max-bytes must be > 0")
+
+
 def serve(
     reward: Reward,
     host: str = "127.0.0.1",
@@ -364,13 +377,7 @@ def serve(
     once; otherwise the caller runs ``server.httpd.serve_forever()``. A ``host`` beyond loopback
     needs a ``token``; ``read_timeout``: seconds a client may take to send its request.
     """
-    from flowgrpo.errors import ConfigError
-
-    if not is_loopback(host) and not token:
-        raise ConfigError(f"--host {host} serves beyond this machine: set a token (--token or "
-                          f"${TOKEN_ENV}) so only your clients can score")
-    if not read_timeout > 0 or max_batch < 1 or max_bytes < 1:
-        raise ConfigError("--read-timeout, --max-batch and --max-bytes must be > 0")
+    check_settings(host, token, read_timeout, max_batch, max_bytes)
     httpd = ThreadingHTTPServer((host, port), _handler(reward, max_batch, max_bytes, token,
                                                        read_timeout))
     httpd.daemon_threads = True
@@ -430,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     from .mix import build_reward
 
     args = build_parser().parse_args(argv)
+    check_settings(args.host, args.token, args.read_timeout, args.max_batch, args.max_bytes)
     reward = build_reward(args.reward, _parse_params(args.param, args.params))
     server = serve(reward, args.host, args.port, args.max_batch, args.max_bytes, args.token,
                    background=False, read_timeout=args.read_timeout)

@@ -6,18 +6,24 @@ server binds beyond loopback only when told to, with a token."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
+import select
 import socket
+import struct
 import threading
+import zlib
 
 import pytest
 import torch
 
 import reward_models
+from flowgrpo.cli.main import main as flowgrpo
 from flowgrpo.errors import ConfigError
 from reward_models import Media, RewardOutput
 from reward_models.media import media_from_wire, media_to_wire
-from reward_models.server import encode_request, serve
+from reward_models.server import TOKEN_ENV, encode_request, serve
 
 
 def brightness(media, prompts, metadata):
@@ -65,6 +71,37 @@ def assert_still_serves(url: str) -> None:
     assert torch.allclose(torch.tensor(answer["scores"]), expected, atol=1e-5)
 
 
+def png(width: int, height: int) -> str:
+    """A black PNG of that size, base64."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height)).save(out, "PNG")
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def png_header(width: int, height: int) -> str:
+    """A PNG that only claims its size (no pixels): a few bytes, a decompression bomb's header."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + data))
+        return struct.pack(">I", len(data)) + kind + data + crc
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+    return base64.b64encode(data).decode()
+
+
+def wav(fmt: bytes) -> str:
+    """A WAV with this fmt chunk and four bytes of data, base64."""
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack(
+        "<I", 4) + b"\0" * 4
+    return base64.b64encode(b"RIFF" + struct.pack("<I", len(body)) + body).decode()
+
+
+def score(kind: str, media: list, n: int = 1) -> bytes:
+    return http(json.dumps({"kind": kind, "media": media, "prompts": ["p"] * n}).encode())
+
+
 WIRE = media_to_wire(Media("image", images(1)))
 ABUSE = [
     ("malformed_json", http(b"{not json"), 400, "malformed"),
@@ -84,6 +121,23 @@ ABUSE = [
     ("huge_batch", http(json.dumps({"kind": "image", "media": WIRE * 9,
                                     "prompts": ["p"] * 9}).encode()), 413, "max_batch"),
     ("unknown_path", http(b"{}", path="/admin"), 404, "/score"),
+    ("deeply_nested_json", http(b"[" * 5000 + b"]" * 5000), 400, "nested too deep"),
+    ("ragged_video_frames", score("video", [[png(8, 8), png(9, 9)]]), 400, "one shape"),
+    ("ragged_images", score("image", [png(8, 8), png(9, 9)], 2), 400, "one shape"),
+    ("png_bomb_header", score("image", [png_header(20000, 20000)]), 400, "decompression bomb"),
+    ("wav_short_fmt", score("audio", [wav(b"\x01\x00")]), 400, "fmt chunk"),
+    ("wav_zero_channels", score("audio", [wav(struct.pack("<HHIIHH", 3, 0, 8000, 0, 0, 32))]),
+     400, "0 channels"),
+    ("chunked", http(b"2\r\n{}\r\n0\r\n\r\n",
+                     {"Content-Length": None, "Transfer-Encoding": "chunked"}), 411,
+     "Transfer-Encoding"),
+    ("chunked_with_length", http(b"2\r\n{}\r\n0\r\n\r\n", {"Transfer-Encoding": "chunked"}),
+     411, "Transfer-Encoding"),
+    ("negative_length", http(b"", {"Content-Length": "-5"}), 400, "Content-Length"),
+    ("length_not_a_number", http(b"{}", {"Content-Length": "two"}), 400, "Content-Length"),
+    ("length_with_underscore", http(b"{}", {"Content-Length": "0_2"}), 400, "Content-Length"),
+    ("two_lengths", http(b"{}", {"Content-Length": "2\r\nContent-Length: 1"}), 400,
+     "Content-Length"),
 ]
 
 
@@ -131,6 +185,30 @@ def test_a_stalled_half_request_is_dropped_while_others_are_served(server):
         stalled.close()
 
 
+def test_a_trickled_request_is_dropped_at_one_deadline(server):
+    """A byte now and then, each well within the read timeout: the whole request still has to
+    arrive within it, so the server answers 408 long before the body is complete."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(http(b"", {"Content-Length": "400"}))
+        for _ in range(400):  # stop as soon as the server answers
+            if select.select([sock], [], [], 0.02)[0]:
+                break
+            sock.sendall(b" ")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    assert data.split()[1] == b"408", data
+    assert_still_serves(server.url)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /score HTTP/1.1\r\nX-Slow: ")  # headers that trickle, never end
+        for _ in range(400):
+            if select.select([sock], [], [], 0.02)[0]:
+                break
+            sock.sendall(b"x")
+        assert sock.recv(65536) == b""  # closed by the server, without an answer
+
+
 def test_twenty_concurrent_clients_each_get_their_own_scores(server):
     remote = reward_models.get("remote", url=server.url, retries=0)
     results: dict[int, bool] = {}
@@ -156,3 +234,13 @@ def test_beyond_loopback_only_when_told_and_with_a_token():
         assert running.httpd.server_address[0] == "0.0.0.0"
     with serve(brightness, host="127.0.0.2") as running:
         assert running.url
+
+
+def test_serve_reward_refuses_a_remote_host_without_a_token_in_one_line(monkeypatch, capsys):
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    for args, needle in ((["--host", "0.0.0.0"], "--host 0.0.0.0 serves beyond this machine"),
+                         (["--host", "192.168.1.7"], "set a token"),
+                         (["--read-timeout", "0"], "--read-timeout")):
+        assert flowgrpo(["serve-reward", "--reward", "nope", *args]) == 2  # before the reward
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and needle in err and "Traceback" not in err, err
