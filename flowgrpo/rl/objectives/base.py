@@ -29,7 +29,7 @@ from flowgrpo.rl import losses
 from flowgrpo.rl.batch import RolloutBatch, chunks
 from flowgrpo.rl.replay import replay_step
 from flowgrpo.rl.session import ModelSession
-from flowgrpo.validation import integer
+from flowgrpo.validation import integer, one_of
 from pipelines import FlowAdapter
 
 OBJECTIVES: Registry[type[Objective]] = Registry("objective")
@@ -153,22 +153,59 @@ class RatioObjective(Objective):
             sampling-time log-probs belong to the guided policy, so they are recomputed under
             the unguided one before the first update: the ratio is exactly 1 there and measures
             how far the unguided policy moves during the update; the guided rollout only decides
-            which transitions are trained on (no importance correction between the two).
+            which transitions are trained on (no importance correction between the two; see
+            ``old_log_probs: bypass`` for the corrected alternative).
+        old_log_probs: where PPO's old log-probs come from (rollout correction, after verl's
+            rollout-correction modes, volcengine/verl ``docs/algo/rollout_corr.md`` at b54386e;
+            verl-omni reports the recompute at about 20% of a step):
+
+            * ``auto`` (default): the rollout's own when the training conditions are the
+              rollout's (one view, no regions, the rollout's guidance), else recomputed;
+            * ``recompute``: always recomputed before the first update (one no-grad call per
+              sample, view and trained step): the ratio is exactly 1 there in every case;
+            * ``bypass``: never recomputed: the old policy is the rollout's (verl's bypass mode,
+              ``bypass_ppo_clip``: PPO clip against the behaviour log-probs; its REINFORCE
+              variant with explicit truncated weights is not offered here, since the policy
+              losses already bound the ratio). Under the rollout's conditions this is
+              ``auto`` exactly; where they differ (CFG-free training, views, regions) the ratio
+              at the first update is the importance ratio ``pi_train / pi_rollout`` of the
+              stored transition, and the policy loss's trust region bounds it. No calls are
+              spent on old log-probs;
+            * ``reject``: ``bypass`` plus masked importance sampling: a sample's step whose
+              importance ratio (detached, at the time it is trained) lies outside
+              ``[1 / reject_bound, reject_bound]`` is left out of the loss (verl's
+              ``rollout_rs: token_k1`` with the lower bound the upper's reciprocal; its IS
+              threshold default 2).
+              ``train/rejected_frac`` logs the share left out.
+        reject_bound: the ``reject`` bound, > 1.
     """
 
+    OLD_LOG_PROBS = ("auto", "recompute", "bypass", "reject")
+
     def __init__(self, policy: Policy, steps_per_call: int = 1,
-                 guidance: float | None = None) -> None:
+                 guidance: float | None = None, old_log_probs: str = "auto",
+                 reject_bound: float = 2.0) -> None:
         super().__init__(policy)
         integer("steps_per_call", steps_per_call, 1)
         if guidance is not None and not float(guidance) >= 0:
             raise ValueError(f"guidance must be >= 0, got {guidance!r}")
+        one_of("old_log_probs", old_log_probs, self.OLD_LOG_PROBS)
+        if not (math.isfinite(float(reject_bound)) and float(reject_bound) > 1):
+            raise ValueError(f"reject_bound must be a finite number > 1, got {reject_bound!r}")
         self.steps_per_call = steps_per_call
         self.guidance = policy.guidance if guidance is None else float(guidance)
+        self.old_log_probs, self.reject_bound = old_log_probs, float(reject_bound)
 
     def prepare(self, batch: RolloutBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, V, J, P]`` old log-probs."""
         traj = batch.traj
-        if (len(batch.views) == 1 and batch.regions is None
+        if self.old_log_probs in ("bypass", "reject"):
+            if batch.regions is not None:
+                raise ValueError(f"old_log_probs: {self.old_log_probs} has no rollout log-prob "
+                                 "per region (the rollout's is the whole sample's): use auto "
+                                 "or recompute with a region reward")
+            return traj.log_probs[:, None, :, None].expand(batch.advantages.shape)
+        if (self.old_log_probs == "auto" and len(batch.views) == 1 and batch.regions is None
                 and self.guidance == self.policy.guidance):
             return traj.log_probs[:, None, :, None]
         out = torch.zeros(batch.advantages.shape, device=traj.log_probs.device)
@@ -219,8 +256,16 @@ class RatioObjective(Objective):
         weight = batch.sample_weights[idx].to(logp.device)
         adv = batch.advantages[idx, v, j] * (batch.step_weights[idx, j].to(logp.device)
                                              * weight)[:, None]
-        loss, metrics = losses.get(p.loss)(logp.flatten(), state[idx, v, j].flatten(),
-                                           adv.flatten(), **p.loss_params)
+        old = state[idx, v, j].reshape(logp.shape).to(logp.device)
+        rejected = None
+        if self.old_log_probs == "reject":
+            ratio = torch.exp(logp.detach() - old)
+            rejected = (ratio > self.reject_bound) | (ratio < 1 / self.reject_bound)
+            adv = torch.where(rejected, torch.zeros_like(adv), adv)
+        loss, metrics = losses.get(p.loss)(logp.flatten(), old.flatten(), adv.flatten(),
+                                           **p.loss_params)
+        if rejected is not None:
+            metrics["train/rejected_frac"] = rejected.float().mean()
         return add_kl(loss, metrics, kl, weight, p.beta)
 
 
