@@ -15,6 +15,8 @@ name     steps                                                 reference
 all      every step the sampler calls trainable (not the last) Flow-GRPO
 window   a MixGRPO window, the same for the whole batch        MixGRPO (:class:`samplers.Window`)
 flash    one step per prompt group, all its samples at it      Flash-GRPO
+tempflow one branching step per prompt group, noise-aware      TempFlow-GRPO
+         weight ``std_k / mean std``
 ======== ===================================================== =================================
 """
 
@@ -131,11 +133,13 @@ class FlashSteps(StepSelection):
             token sampler's step has no ``std / |b|``, so it needs ``rectify: false``).
     """
 
+    label = "flash"
+
     def __init__(self, seed: int = 0, steps: list | None = None, rectify: bool = True) -> None:
         super().__init__(seed)
         steps = list(steps or [])
         if any(not is_integer(k) or k < 0 for k in steps):
-            raise ValueError(f"flash steps must be step indices >= 0, got {steps}")
+            raise ValueError(f"{self.label} steps must be step indices >= 0, got {steps}")
         self.steps, self.rectify = sorted(set(steps)), bool(rectify)
 
     def candidates(self, sigmas: torch.Tensor, sampler: Sampler) -> list[int]:
@@ -144,22 +148,23 @@ class FlashSteps(StepSelection):
                              f"{sampler.name!r} steps in tokens: set rectify: false")
         trainable = trainable_steps(sampler, sigmas)
         if not trainable:
-            raise ValueError("flash needs a stochastic sampler with trainable steps")
+            raise ValueError(f"{self.label} needs a stochastic sampler with trainable steps")
         if not self.steps:
             return trainable
         bad = [k for k in self.steps if k not in trainable]
         if bad:
-            raise ValueError(f"flash steps {bad} are not trainable steps of this schedule; "
+            raise ValueError(f"{self.label} steps {bad} are not trainable steps of this schedule; "
                              f"trainable: {trainable}")
         return self.steps
 
     def select(self, sigmas, groups, iteration, sampler):
         candidates = self.candidates(sigmas, sampler)
-        chosen = {}
-        for g in sorted(set(groups.tolist())):
-            rng = seeding.python_random("flash_step", self.seed, iteration, g)
-            chosen[g] = rng.choice(candidates)
+        chosen = {g: self.group_step(candidates, iteration, g) for g in set(groups.tolist())}
         return torch.tensor([[chosen[g]] for g in groups.tolist()], dtype=torch.long)
+
+    def group_step(self, candidates: list[int], iteration: int, group: int) -> int:
+        """The step group ``group`` trains at ``iteration``: uniform over ``candidates``."""
+        return seeding.python_random("flash_step", self.seed, iteration, group).choice(candidates)
 
     def weights(self, sigmas, steps, sampler):
         if not self.rectify:
@@ -169,6 +174,110 @@ class FlashSteps(StepSelection):
         scale = sum(table.values()) / len(table)
         return torch.tensor([[table[int(k)] / scale for k in row] for row in steps.tolist()],
                             dtype=torch.float32)
+
+
+@STEP_SELECTIONS.register("tempflow")
+class TempFlowSteps(FlashSteps):
+    """TempFlow-GRPO: trajectory branching at one step per prompt group, noise-aware weights.
+
+    He et al., ICLR 2026, "TempFlow-GRPO: When Timing Matters for GRPO in Flow Models"
+    (arXiv:2508.04324); code Shredded-Pork/TempFlow-GRPO at commit ``e66824e``
+    (``scripts/train_sd3_pr.py``, ``flow_grpo/diffusers_patch/sd3_pipeline_with_logprob_perstep.py``
+    and ``sd3_sde_with_logprob_perstep.py``; the authors' explanation in issues #3, #4 and #11).
+
+    Trajectory branching: a sample is deterministic (Euler) at every step but its branching step
+    ``k``, where it takes the stochastic sampler's step, so its final reward is the reward of the
+    action at ``k`` (a process reward without an intermediate reward model). All samples of a
+    prompt group branch at the same ``k``, so the group's advantages are that step's own. This is
+    the iso-temporal machinery of :class:`FlashSteps` (same candidates, same ``[B, 1]`` steps);
+    what differs is which step a group gets and the loss weight.
+
+    Which step: ``order: cycle`` (default) gives group ``g`` at iteration ``t`` the candidate
+    ``(t + g) mod n`` (``n`` candidates): the groups of an iteration branch at consecutive steps
+    and over any ``n`` iterations every step is branched equally often, the single-branch
+    counterpart of the authors branching at every step in every iteration. ``order: random`` is
+    flash's uniform draw per ``(seed, iteration, group)`` (the same random stream).
+
+    Noise-aware weighting (``noise_aware``): the paper weights each step's policy loss by
+    ``Norm(sigma_t sqrt(dt))`` (its Eq. 7), the std of the step's Gaussian. In the authors' code
+    the clipped policy terms are multiplied by ``2.25 * std_dev_t``, ``std_dev_t`` being the
+    transition std ``g(s) sqrt(-dt)`` their SDE step returns (``g(s) = 0.7 sqrt(s / (1 - s))``),
+    and the KL term is not weighted; 2.25 is one over that std's mean over the 9 trained steps of
+    SD3.5's 10-step shift-3 schedule (2.24), which keeps the weight's mean at 1 (issue #11). Here
+
+        w_k = std_k / mean_{j in candidates} std_j,
+
+    the same normalisation computed for the run's own schedule and sampler rather than a
+    constant. ``std_k`` is read off the sampler's transition (``g(s) sqrt(-dt)`` for ``sde``,
+    ``s' sin(a pi / 2)`` for ``cps``, ``sqrt(2 delta)`` for ``langevin``). The weight scales the
+    advantage, which equals scaling the clipped policy terms for every registered loss (all are
+    linear in the advantage at a given ratio) and leaves the KL term alone, as theirs. Unlike
+    flash's ``std / |b|``, which evens out the per-step gradient scale ``|b| / std``, this weight
+    leaves a step's gradient scale at ``|b|``: high-noise early steps, where a branch changes the
+    reward most, are learned hardest.
+
+    Differences from the authors' code, and why:
+
+    - They branch at every step but the last in every iteration: per prompt ``N = 4`` initial
+      noises each follow one ODE path, ``K = 6`` SDE children leave its state at each step and
+      are completed by ODE, and each step's advantages are normalised over the prompt's ``N K``
+      children at that step. Here a sample is one trajectory with one branch (one trained step
+      ``[B, 1]``), and the rollout, which shares no prefix between samples, is the trainer's;
+      the steps are spread over groups and iterations instead (``cycle``). Per sample this costs
+      ``N`` model calls without gradient and one with, theirs ``N - k`` calls per child and
+      ``N - 1`` trained steps per child row.
+    - The seed group of the paper's later version (one initial noise for a whole group, so the
+      group differs only at its branch) needs the rollout to share noise within a group; here
+      each sample draws its own noise from its global index, so a group's samples also differ
+      before ``k`` (as the authors' ``N > 1`` children do).
+
+    Args:
+        steps: candidate branching steps (``[]``: every step the sampler calls trainable; the
+            authors': every step but the last).
+        order: ``cycle`` or ``random`` (see above).
+        noise_aware: apply the noise-aware weight (Gaussian steps only: a token sampler's step
+            has no std, so it needs ``noise_aware: false``).
+    """
+
+    label = "tempflow"
+    ORDERS = ("cycle", "random")
+
+    def __init__(self, seed: int = 0, steps: list | None = None, order: str = "cycle",
+                 noise_aware: bool = True) -> None:
+        super().__init__(seed, steps=steps, rectify=False)
+        if order not in self.ORDERS:
+            raise ValueError(f"tempflow order must be one of {', '.join(self.ORDERS)}, "
+                             f"got {order!r}")
+        self.order, self.noise_aware = order, bool(noise_aware)
+
+    def group_step(self, candidates, iteration, group):
+        if self.order == "random":
+            return super().group_step(candidates, iteration, group)
+        return candidates[(iteration + group) % len(candidates)]
+
+    def weights(self, sigmas, steps, sampler):
+        if not self.noise_aware:
+            return StepSelection.weights(self, sigmas, steps, sampler)
+        if sampler.state_space is not CONTINUOUS:
+            raise ValueError(f"tempflow's noise_aware weighs a step by its Gaussian's std; sampler "
+                             f"{sampler.name!r} steps in tokens: set noise_aware: false")
+        table = noise_levels(sampler, sigmas, self.candidates(sigmas, sampler))
+        scale = sum(table.values()) / len(table)
+        return torch.tensor([[table[int(k)] / scale for k in row] for row in steps.tolist()],
+                            dtype=torch.float32)
+
+
+def noise_levels(sampler: Sampler, sigmas: torch.Tensor, steps: list[int]) -> dict[int, float]:
+    """``{k: std_k}``: the std of the sampler's Gaussian at step ``k`` of ``sigmas`` (a
+    per-sample scalar, read at ``x = 0`` and ``v = 0``; a second model call, if the sampler makes
+    one, sees the same zero velocity)."""
+    zero = torch.zeros(1, 1)
+    out = {}
+    for k in steps:
+        tr = sampler.transition(zero, zero, float(sigmas[k]), float(sigmas[k + 1]),
+                                velocity_fn=lambda x, sigma: torch.zeros_like(x))
+        out[k] = float(tr.std.reshape(-1)[0])
+    return out
 
 
 def rectification(sampler: Sampler, sigmas: torch.Tensor, steps: list[int]) -> dict[int, float]:

@@ -42,7 +42,7 @@ def test_config_prints_resolved_yaml_and_lists_registries(tiny_config, capsys):
                  "kl estimators: exact, flow_grpo, log_ratio, ratio_k3, velocity_mse, x_mse",
                  "losses: clip, gate, guard, mhpo, mu_grpo, sapo, stable",
                  "advantages: a_grae, dual_anchor, focal, global_std, group, none, rcc",
-                 "step selections: all, flash, window",
+                 "step selections: all, flash, tempflow, window",
                  "credits: outcome, turning_point", "enhancers: callable, remote, template",
                  "window strategies: progressive, random, fixed, decay, exp_decay"):
         assert line in out
