@@ -281,15 +281,22 @@ class ElboObjective(ForwardObjective):
             rollouts and gives the old log-likelihoods (``src/train.py``, the ``old`` adapter):
             the ratio at an epoch's first update is ``exp(lp_theta - lp_ema)``, 1 only at the
             first iteration. The copy is checkpointed.
+        adv_scale: a factor of the advantages: their ``ADV=exact`` advantage is
+            ``BETA (R - mean) / ALPHA = 0.1 (R - mean)`` (``src/utils/__init__.py``
+            ``PerPromptStatTracker``; scripts ``BETA=1e-4``, ``ALPHA=1e-3``), i.e.
+            ``train.advantage: none``, ``train.adv_clip: 0`` and ``adv_scale: 0.1``.
     """
 
     def __init__(self, policy: Policy, draws: int = 4, timesteps: str = "uniform",
                  weighting: str = "adaptive", power: float = 0.25,
                  guidance: float | None = None, cfg_division: bool = False,
                  old_policy: str = "current", decay_rate: float = 0.001,
-                 decay_max: float = 0.5, decay_delay: int = 0) -> None:
+                 decay_max: float = 0.5, decay_delay: int = 0, adv_scale: float = 1.0) -> None:
         super().__init__(policy, draws, timesteps, weighting, power, guidance)
         one_of("old_policy", old_policy, ("current", "ema"))
+        if not (math.isfinite(adv_scale) and adv_scale > 0):
+            raise ValueError(f"adv_scale must be > 0 (the authors': 0.1), got {adv_scale}")
+        self.adv_scale = float(adv_scale)
         if not isinstance(cfg_division, bool):
             raise ValueError(f"cfg_division must be true or false, got {cfg_division!r}")
         if cfg_division:
