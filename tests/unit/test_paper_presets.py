@@ -13,9 +13,9 @@ from flowgrpo.config.io import load_config
 from flowgrpo.training.trainer import Trainer
 
 BASE = "configs/digits.yaml"
-LAYOUT = ["train.batch_size=48", "run.tensorboard=false", "run.progress=false",
-          "data.eval_images_per_prompt=1"]
-"""Per-process sizes are the run's (the presets leave them): 48 is a multiple of every group."""
+LAYOUT = ["train.batch_size=8", "train.group_size=4", "run.tensorboard=false",
+          "run.progress=false", "data.eval_images_per_prompt=1"]
+"""A run's --set values; each preset replaces the group size and the batch (one group)."""
 
 FLOW_GRPO_CLIP = {"clip_low": 1e-4, "clip_high": 1e-4}
 # The authors' values, read from their repositories (commit in each row), written here apart
@@ -116,6 +116,14 @@ def test_every_paper_preset_is_in_the_table_and_shipped_with_the_others():
         "method": ["paper:nft", "paper:awm"]}
 
 
+def test_a_grid_axis_replaces_the_preset_layout(tmp_path):
+    grid = ablate_lib.parse_grid(["method=paper:nft", "train.batch_size=48"])
+    cells = ablate_lib.plan(BASE, grid, LAYOUT, 1, tmp_path, ablate_lib.load_presets())
+    cfg = load_config(str(cells[0].config_file), [])
+    assert (cfg.train.batch_size, cfg.train.group_size) == (48, 24)
+    assert cells[0].name == "method=paper_nft,train.batch_size=48"
+
+
 @pytest.mark.parametrize("name", sorted(AUTHORS))
 def test_paper_preset_resolves_to_the_authors_values_and_builds_on_the_toy(tmp_path, name):
     cfg = resolved(tmp_path, name)
@@ -126,6 +134,7 @@ def test_paper_preset_resolves_to_the_authors_values_and_builds_on_the_toy(tmp_p
             assert got == pytest.approx(want, rel=1e-9), key
         else:
             assert got == want, key
+    assert cfg.train.batch_size == cfg.train.group_size  # the preset's layout: one group
     t = Trainer.from_config(cfg)  # every piece builds with these parameters on the toy
     assert type(t.objective).__name__.lower().startswith(cfg.train.objective.split("_")[0])
     built = {"paper:nft": lambda o: o.loss_scale == 5.0, "paper:nft_ocr": lambda o: o.loss_scale
