@@ -6,7 +6,8 @@
 - Every cell of the cross product of the ``--grid`` axes, for each seed ``0..N-1``, is one
   training run in ``OUT/<cell>/s<seed>/``, started from a resolved config file written next to
   it (``OUT/<cell>/s<seed>.yaml``): the base config, then ``--set``, then the cell's values.
-- The axis ``method`` takes named presets (``configs/presets/methods.yaml``, or ``--presets``):
+- The axis ``method`` takes named presets (``configs/presets/methods.yaml`` and the authors'
+  settings ``configs/presets/paper.yaml``, named ``paper:<method>``; or ``--presets FILE``):
   each a mapping of config keys, so methods that differ in several keys compare on one axis.
 - Every cell and value is checked before anything runs: an unknown key, preset or bad value
   fails at once with the valid names.
@@ -61,6 +62,10 @@ from flowgrpo.data.files import SHIPPED, read_utf8
 from flowgrpo.errors import ConfigError, RunError
 
 PRESETS = SHIPPED / "presets" / "methods.yaml"
+PAPER_PRESETS = SHIPPED / "presets" / "paper.yaml"
+"""The authors' published settings, every name ``paper:<method>`` (docs/methods.md, "The authors'
+settings")."""
+PAPER = "paper:"
 METHOD = "method"
 PARENT = "FLOWGRPO_ABLATE_PARENT"
 """The environment variable that tells a cell's ``flowgrpo train`` the ablation's process id
@@ -131,8 +136,21 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
 
 
 def load_presets(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
-    """Named presets: ``{name: {dotted key: value}}``."""
-    path = Path(path) if path else PRESETS
+    """Named presets: ``{name: {dotted key: value}}``: those of ``path``, or the shipped ones
+    (:data:`PRESETS` and :data:`PAPER_PRESETS`, whose names all begin with ``paper:``)."""
+    if path:
+        return _read_presets(Path(path))
+    shipped = _read_presets(PRESETS)
+    paper = _read_presets(PAPER_PRESETS)
+    bad = [n for n in paper if not str(n).startswith(PAPER)] + [
+        n for n in shipped if str(n).startswith(PAPER)]
+    if bad:
+        raise ConfigError(f"preset {bad[0]!r}: the names of {PAPER_PRESETS.name} and only they "
+                          f"begin with {PAPER!r}")
+    return {**shipped, **paper}
+
+
+def _read_presets(path: Path) -> dict[str, dict[str, Any]]:
     if not path.is_file():
         raise ConfigError(f"presets file not found: {path}")
     data = parse_yaml(read_utf8(path), str(path)) or {}

@@ -40,7 +40,7 @@ def test_config_prints_resolved_yaml_and_lists_registries(tiny_config, capsys):
     assert "samplers: cps, ctmc, langevin, ode, sde, vq_diffusion" in out and "losses: clip" in out
     for line in ("objectives: awm, dflow_grpo, elbo, nft, ratio, udm_grpo", "pruners: dppo, none",
                  "kl estimators: exact, flow_grpo, log_ratio, ratio_k3, velocity_mse, x_mse",
-                 "losses: clip, gate, guard, mhpo, mu_grpo, sapo, stable",
+                 "losses: clip, gate, guard, mhpo, mu_grpo, sapo, stable, unclipped",
                  "advantages: a_grae, dual_anchor, focal, global_std, group, none, rcc",
                  "step selections: all, flash, tempflow, window",
                  "credits: outcome, turning_point", "enhancers: callable, remote, template",

@@ -23,8 +23,9 @@ ALL = LOSSES.names()
 
 
 def test_registry_holds_the_losses():
-    assert ALL == ["clip", "gate", "guard", "mhpo", "mu_grpo", "sapo", "stable"]
-    with pytest.raises(UnknownNameError, match="clip, gate, guard, mhpo, mu_grpo, sapo, stable"):
+    assert ALL == ["clip", "gate", "guard", "mhpo", "mu_grpo", "sapo", "stable", "unclipped"]
+    with pytest.raises(UnknownNameError,
+                       match="clip, gate, guard, mhpo, mu_grpo, sapo, stable, unclipped"):
         losses.get("ppo")
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "guard_loss",
     "sapo_loss",
     "stable_loss",
+    "unclipped_loss",
 ]
 
 
@@ -69,9 +70,14 @@ def _prepare(logp: Tensor, logp_old: Tensor, adv: Tensor) -> tuple[Tensor, Tenso
     return logp.float(), logp_old.detach().float(), adv.detach().float()
 
 
-def _check_bounds(clip_low: float, clip_high: float) -> None:
-    if not 0.0 <= clip_low < 1.0:
-        raise ValueError(f"clip_low must be in [0, 1) (Flow-GRPO uses 1e-4), got {clip_low}")
+def _check_bounds(clip_low: float, clip_high: float, floor_optional: bool = False) -> None:
+    """``floor_optional``: ``clip_low = 1`` is accepted (the lower bound 0, which a ratio never
+    reaches: no lower clip)."""
+    if floor_optional and clip_low == 1.0:
+        pass
+    elif not 0.0 <= clip_low < 1.0:
+        bound = "[0, 1]" if floor_optional else "[0, 1)"
+        raise ValueError(f"clip_low must be in {bound} (Flow-GRPO uses 1e-4), got {clip_low}")
     if clip_high < 0.0:
         raise ValueError(f"clip_high must be >= 0 (Flow-GRPO uses 1e-4), got {clip_high}")
 
@@ -127,18 +133,44 @@ def clip_loss(
     ``r = exp(logp - logp_old)``,
     ``loss = mean_i max(-A_i r_i, -A_i clamp(r_i, 1 - clip_low, 1 + clip_high))``.
 
+    ``clip_low = clip_high = 1`` is AWM's ``clip_range: 1`` (scxue/advantage_weighted_matching
+    ``config/dgx_awm.py`` and ``scripts/train_sd3_awm.py``, commit be51372): the ratio is clamped
+    to ``[0, 2]``, so a negative advantage is never clipped and a positive one only past ratio 2,
+    which a mean-reduced flow log-prob does not reach in one epoch (in effect ``unclipped``).
+
     Args:
         logp, logp_old, adv: ``[B]`` each (see the module docstring).
-        clip_low, clip_high: the trust region ``[1 - clip_low, 1 + clip_high]`` of the ratio.
+        clip_low, clip_high: the trust region ``[1 - clip_low, 1 + clip_high]`` of the ratio
+            (``clip_low`` in ``[0, 1]``).
 
     Returns:
         ``(loss, metrics)``; ``train/clipfrac`` counts samples whose gradient the clip removes.
     """
-    _check_bounds(clip_low, clip_high)
+    _check_bounds(clip_low, clip_high, floor_optional=True)
     logp, logp_old, adv = _prepare(logp, logp_old, adv)
     log_ratio = logp - logp_old
     per_sample, cut = _ppo_clip(log_ratio.exp(), adv, clip_low, clip_high)
     return per_sample.mean(), _metrics(log_ratio, cut)
+
+
+@LOSSES.register("unclipped")
+def unclipped_loss(
+    logp: Tensor, logp_old: Tensor, adv: Tensor
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The plain importance-weighted policy gradient: ``loss = -mean_i A_i r_i``, no trust region.
+
+    Its gradient is ``-mean_i sg(r_i) A_i grad logp_i``: the ELBO paper's ``epg`` method
+    (jaemoo-choi/rethinking-diffusion-rl ``src/utils/base.py`` ``compute_policy_loss``, commit
+    c257000, ``-(sg(ratio) A ELBO)``) and AWM's ``clip_range: 1`` short of ratio 2 (see
+    :func:`clip_loss`).
+
+    Returns:
+        ``(loss, metrics)``; ``train/clipfrac`` is always 0.
+    """
+    logp, logp_old, adv = _prepare(logp, logp_old, adv)
+    log_ratio = logp - logp_old
+    never = torch.zeros_like(adv, dtype=torch.bool)
+    return -(adv * log_ratio.exp()).mean(), _metrics(log_ratio, never)
 
 
 @LOSSES.register("sapo")

@@ -115,6 +115,14 @@ class ForwardObjective(Objective):
             raise ValueError(f"power must be > 0, got {power}")
         self.k, self.timesteps, self.weighting, self.power = draws, timesteps, weighting, power
         self.guidance = policy.guidance if guidance is None else float(guidance)
+        self.lp_scale = 1.0  # a constant factor of every log-likelihood (elbo's cfg_division)
+        self.adv_scale = 1.0  # a constant factor of the advantages (awm's adv_scale)
+
+    def lp(self, err: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """``[n]`` log-likelihood proxies of velocity errors ``err [n, ...]`` (module table),
+        times :attr:`lp_scale`."""
+        out = weighted_lp(err, t, self.weighting, self.power)
+        return out if self.lp_scale == 1.0 else out * self.lp_scale
 
     def draws(self, batch: RolloutBatch) -> Draws:
         # one stream per sample, keyed by its global index: the same on any number of processes
@@ -150,7 +158,7 @@ class ForwardObjective(Objective):
     def log_likelihoods(self, batch, draws, idx, k=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(lp [b, K'], v)``: the weighted log-likelihood proxy of every draw."""
         v, u, t = self.velocities(batch, draws, idx, k)
-        return weighted_lp(v - u, t, self.weighting, self.power).reshape(len(idx), -1), v
+        return self.lp(v - u, t).reshape(len(idx), -1), v
 
     def old_log_likelihoods(self, batch: RolloutBatch, draws: Draws,
                             rows: torch.Tensor | None) -> torch.Tensor:
@@ -166,19 +174,27 @@ class ForwardObjective(Objective):
             return None
         with torch.no_grad(), reference(self.policy.adapter):
             ref_v, u, t = self.velocities(batch, draws, idx, k)
-        ref_lp = weighted_lp(ref_v - u, t, self.weighting, self.power).reshape(len(idx), -1)
+        ref_lp = self.lp(ref_v - u, t).reshape(len(idx), -1)
         return self.kl(KLInputs(v=v.reshape(len(idx), -1), ref_v=ref_v.reshape(len(idx), -1),
                                 logp=logp, ref_logp=None if logp is None else ref_lp.mean(1)))
 
-    def ratio_loss(self, batch, draws, logp_old, idx, k=None):
+    def ratio_loss(self, batch, draws, logp_old, idx, k=None, anchor=None, anchor_beta=0.0):
         """The run's policy loss on ``exp(logp - logp_old)``, ``logp`` the mean log-likelihood
-        over draws ``k`` (all when None), plus ``beta`` times the KL (``elbo``, ``awm``)."""
+        over draws ``k`` (all when None), plus ``beta`` times the KL (``elbo``, ``awm``), plus
+        ``anchor_beta * mean ||v - anchor||^2`` when ``anchor`` (velocities ``[b * K', ...]``,
+        e.g. an EMA's) is given."""
         p = self.policy
         lp, v = self.log_likelihoods(batch, draws, idx, k)
         logp = lp.mean(1)
         weight = batch.sample_weights[idx].to(logp.device)
-        loss, metrics = losses.get(p.loss)(logp, logp_old.to(logp.device),
-                                           _advantage(batch, idx) * weight, **p.loss_params)
+        adv = _advantage(batch, idx).to(logp.device) * self.adv_scale
+        loss, metrics = losses.get(p.loss)(logp, logp_old.to(logp.device), adv * weight,
+                                           **p.loss_params)
+        if anchor is not None:
+            pull = ((v.float() - anchor.to(v.device).float()) ** 2).flatten(1).mean(1)
+            pull = (pull.reshape(len(idx), -1).mean(1) * weight).mean()
+            metrics["train/ema_pull"] = pull.detach()
+            loss = loss + anchor_beta * pull
         kl = self.kl_term(batch, draws, idx, k, v, logp)
         return add_kl(loss, metrics, kl, weight, p.beta)
 
@@ -186,6 +202,50 @@ class ForwardObjective(Objective):
 def _advantage(batch: RolloutBatch, idx: torch.Tensor) -> torch.Tensor:
     """``[b]`` outcome advantages (views, steps and regions are not used by these objectives)."""
     return batch.advantages[idx].reshape(len(idx), -1)[:, 0]
+
+
+class LaggedCopy:
+    """An EMA copy of the trainable weights on a warm-up schedule, moved once per iteration:
+    ``copy <- eta copy + (1 - eta) theta`` with ``eta = min(rate * n, max)``, ``n`` the
+    iterations done less ``delay`` (0 while negative). It starts equal to the weights.
+
+    This is the schedule of DiffusionNFT's old policy (NVlabs/DiffusionNFT
+    ``scripts/train_nft_sd3.py`` ``return_decay``, commit 24af555), of the ELBO paper's old
+    policy (jaemoo-choi/rethinking-diffusion-rl ``src/utils/__init__.py`` ``return_decay``, commit
+    c257000) and of AWM's EMA anchor (scxue/advantage_weighted_matching
+    ``scripts/train_sd3_awm.py``, ``kl_ema_decay_type: linear``, commit be51372). The authors
+    count ``n`` in optimizer steps; their configs take one optimizer step per epoch, where the
+    two agree; here ``n`` counts iterations, the same on any batch layout.
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], rate: float, max_decay: float,
+                 delay: int, owner: str) -> None:
+        if not (0 <= rate and 0 <= max_decay < 1 and delay >= 0):
+            raise ValueError(f"{owner} needs decay_rate >= 0, 0 <= decay_max < 1, "
+                             f"decay_delay >= 0; got {rate}, {max_decay}, {delay}")
+        self.rate, self.max, self.delay = rate, max_decay, delay
+        self.ema = EMA(params, 0.0)
+        self.iterations = 0
+
+    def applied(self):
+        """Within the block the parameters hold the copy (:meth:`EMA.applied`)."""
+        return self.ema.applied()
+
+    def step(self) -> None:
+        self.iterations += 1
+        n = max(self.iterations - self.delay, 0)
+        self.ema.decay = min(self.rate * n, self.max)
+        self.ema.update()
+
+    def state_dict(self, prefix: str) -> dict[str, torch.Tensor]:
+        return {**{f"{prefix}.{k}": v for k, v in self.ema.state_dict().items()},
+                "iterations": torch.tensor(self.iterations)}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], prefix: str) -> None:
+        cut = len(prefix) + 1
+        self.ema.load_state_dict({k[cut:]: v for k, v in state.items()
+                                  if k.startswith(prefix + ".")})
+        self.iterations = int(state["iterations"])
 
 
 @OBJECTIVES.register("elbo")
@@ -203,11 +263,71 @@ class ElboObjective(ForwardObjective):
     their adaptive weighting; here ``K`` draws are averaged into one log-likelihood (the
     estimator's variance falls like ``1/K``; tested), ``t`` is uniform by default, and the
     weighting is theirs (``adaptive``) by default.
+
+    Two options reproduce the authors' code (jaemoo-choi/rethinking-diffusion-rl, commit c257000);
+    both default to off, so that ``elbo`` is a plain likelihood estimate whose ratio is exactly 1
+    before the first update, like every other objective of the project (docs/methods.md):
+
+    Args:
+        cfg_division: divide every log-likelihood (the policy's, the old policy's and the
+            reference's) by the training guidance ``G`` with ``adaptive`` weighting and by
+            ``G^2`` with ``uniform``, as ``compute_elbo`` (``src/utils/__init__.py``) does, so
+            its magnitude does not grow with the CFG scale (the error of a guided velocity grows
+            like ``G``). A no-op at ``G = 1``; only these two weightings have it.
+        old_policy: ``current`` (the old log-likelihoods are the weights' own before the first
+            update: ratio 1 there) or ``ema``: the authors' old policy, an EMA copy of the
+            weights (:class:`LaggedCopy`, ``decay_rate``, ``decay_max``, ``decay_delay``; their
+            ``DECAY_TYPE=1`` is ``min(0.001 n, 0.5)``, the defaults) that generates the
+            rollouts and gives the old log-likelihoods (``src/train.py``, the ``old`` adapter):
+            the ratio at an epoch's first update is ``exp(lp_theta - lp_ema)``, 1 only at the
+            first iteration. The copy is checkpointed.
+        adv_scale: a factor of the advantages: their ``ADV=exact`` advantage is
+            ``BETA (R - mean) / ALPHA = 0.1 (R - mean)`` (``src/utils/__init__.py``
+            ``PerPromptStatTracker``; scripts ``BETA=1e-4``, ``ALPHA=1e-3``), i.e.
+            ``train.advantage: none``, ``train.adv_clip: 0`` and ``adv_scale: 0.1``.
     """
+
+    def __init__(self, policy: Policy, draws: int = 4, timesteps: str = "uniform",
+                 weighting: str = "adaptive", power: float = 0.25,
+                 guidance: float | None = None, cfg_division: bool = False,
+                 old_policy: str = "current", decay_rate: float = 0.001,
+                 decay_max: float = 0.5, decay_delay: int = 0, adv_scale: float = 1.0) -> None:
+        super().__init__(policy, draws, timesteps, weighting, power, guidance)
+        one_of("old_policy", old_policy, ("current", "ema"))
+        if not (math.isfinite(adv_scale) and adv_scale > 0):
+            raise ValueError(f"adv_scale must be > 0 (the authors': 0.1), got {adv_scale}")
+        self.adv_scale = float(adv_scale)
+        if not isinstance(cfg_division, bool):
+            raise ValueError(f"cfg_division must be true or false, got {cfg_division!r}")
+        if cfg_division:
+            powers = {"adaptive": 1, "uniform": 2}
+            if weighting not in powers:
+                raise ValueError(f"cfg_division divides the adaptive (by G) or uniform (by G^2) "
+                                 f"ELBO only; got weighting {weighting!r}")
+            self.lp_scale = 1.0 / self.guidance ** powers[weighting]
+        self.old = (LaggedCopy(policy.params, decay_rate, decay_max, decay_delay, "elbo")
+                    if old_policy == "ema" else None)
+
+    def sampling(self):
+        return super().sampling() if self.old is None else self.old.applied()
+
+    def after_update(self) -> None:
+        if self.old is not None:
+            self.old.step()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {} if self.old is None else self.old.state_dict("old")
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if self.old is not None:
+            self.old.load_state_dict(state, "old")
 
     def prepare(self, batch, rows=None):
         draws = self.draws(batch)
-        return draws, self.old_log_likelihoods(batch, draws, rows).mean(1)
+        if self.old is None:
+            return draws, self.old_log_likelihoods(batch, draws, rows).mean(1)
+        with self.old.applied():
+            return draws, self.old_log_likelihoods(batch, draws, rows).mean(1)
 
     def units(self, batch):
         return [None]
@@ -229,24 +349,69 @@ class AwmObjective(ForwardObjective):
     stabilisers are the ratio's trust region (``train.loss_params``) and a velocity-MSE KL to the
     reference (``train.beta``). At ratio 1 with ``uniform`` weighting the gradient is
     ``mean_i A_i grad ||v - u||^2 / B``: with every advantage 1 the flow-matching gradient, with
-    every advantage 0 none. The authors also pull toward an EMA of the weights; not done here.
+    every advantage 0 none.
+
+    Two options reproduce the authors' configs (``config/dgx_awm.py``, commit be51372); both
+    default to off (the plain advantage-weighted loss above):
+
+    Args:
+        adv_scale: a factor of the (clipped) advantages. The authors' configs set
+            ``advantage_max: 1`` with ``adv_clip_max: 5``, i.e. ``A / 5``: ``adv_scale: 0.2``.
+        ema_beta: the weight of the pull toward an EMA of the weights,
+            ``ema_beta * mean ||v_theta - v_ema||^2`` on each unit's draw (their ``ema_beta: 1``
+            with ``kl_ema_weight: Uniform``: a velocity MSE to the EMA model, not a parameter
+            pull). The EMA copy (:class:`LaggedCopy`) starts equal to the weights and moves
+            after each iteration with ``eta = min(ema_decay_rate * n, ema_decay_max)`` (their
+            ``kl_ema_decay_type: linear``: ``min(0.001 n, 0.3)``, the defaults; ``constant`` is
+            ``ema_decay_rate >= ema_decay_max``). Rollouts use the weights (their
+            ``off_policy: False``). The copy is checkpointed. 0: no copy is kept.
     """
 
     def __init__(self, policy: Policy, draws: int = 4, timesteps: str = "uniform",
                  weighting: str = "ghuber", power: float = 0.25,
-                 guidance: float | None = None) -> None:
+                 guidance: float | None = None, adv_scale: float = 1.0,
+                 ema_beta: float = 0.0, ema_decay_rate: float = 0.001,
+                 ema_decay_max: float = 0.3) -> None:
         super().__init__(policy, draws, timesteps, weighting, power, guidance)
+        if not (math.isfinite(adv_scale) and adv_scale > 0):
+            raise ValueError(f"adv_scale must be > 0 (the authors': 0.2), got {adv_scale}")
+        if not (math.isfinite(ema_beta) and ema_beta >= 0):
+            raise ValueError(f"ema_beta must be >= 0 (0: no EMA pull), got {ema_beta}")
+        self.adv_scale, self.ema_beta = float(adv_scale), float(ema_beta)
+        self.ema = (LaggedCopy(policy.params, ema_decay_rate, ema_decay_max, 0, "awm")
+                    if ema_beta > 0 else None)
+
+    def after_update(self) -> None:
+        if self.ema is not None:
+            self.ema.step()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {} if self.ema is None else self.ema.state_dict("ema")
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if self.ema is not None:
+            self.ema.load_state_dict(state, "ema")
 
     def prepare(self, batch, rows=None):
         draws = self.draws(batch)
-        return draws, self.old_log_likelihoods(batch, draws, rows)
+        old = self.old_log_likelihoods(batch, draws, rows)
+        if self.ema is None:
+            return draws, old, None
+        final = batch.traj.final
+        anchor = torch.zeros(len(final), self.k, *final.shape[1:], device=final.device)
+        with self.ema.applied():
+            fill(anchor, batch, rows, self.policy.batch_size,
+                 lambda idx: self.velocities(batch, draws, idx)[0])
+        return draws, old, anchor
 
     def units(self, batch):
         return list(range(self.k))
 
     def loss(self, batch, state, idx, unit):
-        draws, old = state
-        return self.ratio_loss(batch, draws, old[idx, unit], idx, torch.tensor([unit]))
+        draws, old, anchor = state
+        a = None if anchor is None else anchor[idx.to(anchor.device), unit]
+        return self.ratio_loss(batch, draws, old[idx, unit], idx, torch.tensor([unit]),
+                               anchor=a, anchor_beta=self.ema_beta)
 
 
 @OBJECTIVES.register("nft")
@@ -282,6 +447,12 @@ class NftObjective(ForwardObjective):
             for OCR).
         adv_max: the advantage that maps to ``r = 1`` (authors: 5, their advantage clip).
         decay_rate, decay_max, decay_delay: the old policy's EMA schedule.
+        scale_by_adv_max: multiply the loss by ``adv_max / b``, as the authors' code does
+            (``scripts/train_nft_sd3.py``, commit 24af555: ``(r L+ + (1 - r) L-) / beta *
+            adv_clip_max``; 5 by default, 50 for their OCR ``b = 0.1``); the KL term is not
+            scaled. Off by default: ours then is the loss of the paper's equation, whose
+            gradient at ``r = 1`` is ``b`` times the flow-matching one; a learning rate, gradient
+            clip or ``beta`` copied from their configs needs it on (the ``paper:nft`` preset).
     """
 
     kl_estimators = ("velocity_mse",)
@@ -290,34 +461,32 @@ class NftObjective(ForwardObjective):
                  weighting: str = "adaptive", power: float = 0.25,
                  guidance: float | None = None, strength: float = 1.0, adv_max: float = 5.0,
                  decay_rate: float = 0.001, decay_max: float = 0.5,
-                 decay_delay: int = 0) -> None:
+                 decay_delay: int = 0, scale_by_adv_max: bool = False) -> None:
         super().__init__(policy, draws, timesteps, weighting, power, guidance)
         for key, value in (("strength", strength), ("adv_max", adv_max)):
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{key} must be > 0, got {value}")
-        if not (0 <= decay_rate and 0 <= decay_max < 1 and decay_delay >= 0):
-            raise ValueError("nft needs decay_rate >= 0, 0 <= decay_max < 1, decay_delay >= 0")
+        if not isinstance(scale_by_adv_max, bool):
+            raise ValueError(f"scale_by_adv_max must be true or false, got {scale_by_adv_max!r}")
         self.b, self.adv_max = float(strength), float(adv_max)
-        self.decay_rate, self.decay_max, self.decay_delay = decay_rate, decay_max, decay_delay
-        self.old = EMA(policy.params, 0.0)
-        self.iterations = 0
+        self.loss_scale = self.adv_max / self.b if scale_by_adv_max else 1.0
+        self.old = LaggedCopy(policy.params, decay_rate, decay_max, decay_delay, "nft")
+
+    @property
+    def iterations(self) -> int:
+        return self.old.iterations
 
     def sampling(self):
         return self.old.applied()
 
     def after_update(self) -> None:
-        self.iterations += 1
-        n = max(self.iterations - self.decay_delay, 0)
-        self.old.decay = min(self.decay_rate * n, self.decay_max)
-        self.old.update()
+        self.old.step()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {**{f"old.{k}": v for k, v in self.old.state_dict().items()},
-                "iterations": torch.tensor(self.iterations)}
+        return self.old.state_dict("old")
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.old.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("old.")})
-        self.iterations = int(state["iterations"])
+        self.old.load_state_dict(state, "old")
 
     def prepare(self, batch, rows=None):
         draws = self.draws(batch)
@@ -347,7 +516,7 @@ class NftObjective(ForwardObjective):
         weight = batch.sample_weights[idx].to(v.device)
         per_sample = -(r * weighted_lp(pos - u, t, self.weighting, self.power)
                        + (1 - r) * weighted_lp(neg - u, t, self.weighting, self.power))
-        loss = (per_sample * weight).mean()
+        loss = (per_sample * weight).mean() * self.loss_scale
         gap = (v.detach() - v_old).abs().flatten(1).amax(1)
         metrics: dict[str, Any] = {"train/old_gap": gap.max(), "train/optimality": r.mean()}
         kl = self.kl_term(batch, draws, idx, k, v, None)
