@@ -98,6 +98,14 @@ class ForwardObjective(Objective):
         power: ``ghuber``'s exponent ``p``.
         guidance: CFG scale of the training forwards (None: the run's ``model.guidance``; 1:
             CFG-free training, e.g. when rollouts use CFG but training should not).
+
+    Both ``elbo`` and ``awm`` take ``old_log_probs``: ``recompute`` (default) computes the old
+    log-likelihoods on the stored draws before the first update (one no-grad call per sample and
+    draw); ``on_policy`` takes them from the training forward itself, detached (UDM-GRPO's
+    ``exp(lp - sg(lp))``), so the ratio is 1 at every minibatch and no call is spent on them.
+    When each sample is trained in one optimizer step (one minibatch, ``num_inner_epochs: 1``,
+    the toy's layout) the two give the same update; with several minibatches ``on_policy``
+    drops the trust region of the later ones (a plain on-policy gradient per minibatch).
     """
 
     needs_transitions = False
@@ -182,10 +190,13 @@ class ForwardObjective(Objective):
         """The run's policy loss on ``exp(logp - logp_old)``, ``logp`` the mean log-likelihood
         over draws ``k`` (all when None), plus ``beta`` times the KL (``elbo``, ``awm``), plus
         ``anchor_beta * mean ||v - anchor||^2`` when ``anchor`` (velocities ``[b * K', ...]``,
-        e.g. an EMA's) is given."""
+        e.g. an EMA's) is given. ``logp_old`` None: the detached ``logp`` itself
+        (``old_log_probs: on_policy``)."""
         p = self.policy
         lp, v = self.log_likelihoods(batch, draws, idx, k)
         logp = lp.mean(1)
+        if logp_old is None:  # old_log_probs: on_policy
+            logp_old = logp.detach()
         weight = batch.sample_weights[idx].to(logp.device)
         adv = _advantage(batch, idx).to(logp.device) * self.adv_scale
         loss, metrics = losses.get(p.loss)(logp, logp_old.to(logp.device), adv * weight,
@@ -197,6 +208,12 @@ class ForwardObjective(Objective):
             loss = loss + anchor_beta * pull
         kl = self.kl_term(batch, draws, idx, k, v, logp)
         return add_kl(loss, metrics, kl, weight, p.beta)
+
+
+def _old_log_probs(mode: str) -> bool:
+    """Whether ``old_log_probs`` (``recompute`` or ``on_policy``) recomputes them."""
+    one_of("old_log_probs", mode, ("recompute", "on_policy"))
+    return mode == "recompute"
 
 
 def _advantage(batch: RolloutBatch, idx: torch.Tensor) -> torch.Tensor:
@@ -291,9 +308,15 @@ class ElboObjective(ForwardObjective):
                  weighting: str = "adaptive", power: float = 0.25,
                  guidance: float | None = None, cfg_division: bool = False,
                  old_policy: str = "current", decay_rate: float = 0.001,
-                 decay_max: float = 0.5, decay_delay: int = 0, adv_scale: float = 1.0) -> None:
+                 decay_max: float = 0.5, decay_delay: int = 0, adv_scale: float = 1.0,
+                 old_log_probs: str = "recompute") -> None:
         super().__init__(policy, draws, timesteps, weighting, power, guidance)
         one_of("old_policy", old_policy, ("current", "ema"))
+        self.recompute = _old_log_probs(old_log_probs)
+        if not self.recompute and old_policy == "ema":
+            raise ValueError("old_log_probs: on_policy takes the old log-likelihoods from the "
+                             "trained weights; old_policy: ema needs them recomputed under the "
+                             "EMA copy (use old_log_probs: recompute)")
         if not (math.isfinite(adv_scale) and adv_scale > 0):
             raise ValueError(f"adv_scale must be > 0 (the authors': 0.1), got {adv_scale}")
         self.adv_scale = float(adv_scale)
@@ -324,6 +347,8 @@ class ElboObjective(ForwardObjective):
 
     def prepare(self, batch, rows=None):
         draws = self.draws(batch)
+        if not self.recompute:
+            return draws, None
         if self.old is None:
             return draws, self.old_log_likelihoods(batch, draws, rows).mean(1)
         with self.old.applied():
@@ -334,7 +359,7 @@ class ElboObjective(ForwardObjective):
 
     def loss(self, batch, state, idx, unit):
         draws, old = state
-        return self.ratio_loss(batch, draws, old[idx], idx)
+        return self.ratio_loss(batch, draws, None if old is None else old[idx], idx)
 
 
 @OBJECTIVES.register("awm")
@@ -371,8 +396,9 @@ class AwmObjective(ForwardObjective):
                  weighting: str = "ghuber", power: float = 0.25,
                  guidance: float | None = None, adv_scale: float = 1.0,
                  ema_beta: float = 0.0, ema_decay_rate: float = 0.001,
-                 ema_decay_max: float = 0.3) -> None:
+                 ema_decay_max: float = 0.3, old_log_probs: str = "recompute") -> None:
         super().__init__(policy, draws, timesteps, weighting, power, guidance)
+        self.recompute = _old_log_probs(old_log_probs)
         if not (math.isfinite(adv_scale) and adv_scale > 0):
             raise ValueError(f"adv_scale must be > 0 (the authors': 0.2), got {adv_scale}")
         if not (math.isfinite(ema_beta) and ema_beta >= 0):
@@ -394,7 +420,7 @@ class AwmObjective(ForwardObjective):
 
     def prepare(self, batch, rows=None):
         draws = self.draws(batch)
-        old = self.old_log_likelihoods(batch, draws, rows)
+        old = self.old_log_likelihoods(batch, draws, rows) if self.recompute else None
         if self.ema is None:
             return draws, old, None
         final = batch.traj.final
@@ -410,7 +436,8 @@ class AwmObjective(ForwardObjective):
     def loss(self, batch, state, idx, unit):
         draws, old, anchor = state
         a = None if anchor is None else anchor[idx.to(anchor.device), unit]
-        return self.ratio_loss(batch, draws, old[idx, unit], idx, torch.tensor([unit]),
+        return self.ratio_loss(batch, draws, None if old is None else old[idx, unit], idx,
+                               torch.tensor([unit]),
                                anchor=a, anchor_beta=self.ema_beta)
 
 
