@@ -44,6 +44,7 @@ LEGACY = {
     "posterior_draws": (lambda s, t, i: hash_seed(s, t, i, 6), [(0, 0, 0), (42, 3, 17)]),
     "image_steps": (lambda n: hash_seed(n, 5), [(2**31 - 1,), (7,)]),
     "forward_states": (lambda s, t, i: hash_seed(s, t, i, 7), [(0, 0, 0), (42, 3, 17)]),
+    "kl_steps": (lambda s, t: hash_seed(s, t, 8), [(0, 0), (42, 3)]),
 }
 
 

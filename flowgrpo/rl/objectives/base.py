@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import torch
 
 import samplers
+from flowgrpo import seeding
 from flowgrpo.registry import Registry
 from flowgrpo.rl import kl as kl_lib
 from flowgrpo.rl import losses
@@ -178,14 +179,24 @@ class RatioObjective(Objective):
               threshold default 2).
               ``train/rejected_frac`` logs the share left out.
         reject_bound: the ``reject`` bound, > 1.
+        kl_steps: 0 (default): the KL term at every trained step (one reference call per
+            sample and step); ``n``: at ``n`` of the ``J`` trained steps, drawn per iteration
+            from the run seed (the same on every process), each scaled by ``J / n``, so the
+            term (and ``train/kl``) is an unbiased estimate of the every-step mean at ``n / J``
+            of the reference calls. Needs ``steps_per_call: 1``.
     """
 
     OLD_LOG_PROBS = ("auto", "recompute", "bypass", "reject")
 
     def __init__(self, policy: Policy, steps_per_call: int = 1,
                  guidance: float | None = None, old_log_probs: str = "auto",
-                 reject_bound: float = 2.0) -> None:
+                 reject_bound: float = 2.0, kl_steps: int = 0) -> None:
         super().__init__(policy)
+        integer("kl_steps", kl_steps, 0)
+        if kl_steps and steps_per_call > 1:
+            raise ValueError("kl_steps draws single steps: use it with steps_per_call: 1")
+        self.kl_steps = kl_steps
+        self.kl_at: set[int] | None = None  # the iteration's KL steps (None: every step)
         integer("steps_per_call", steps_per_call, 1)
         if guidance is not None and not float(guidance) >= 0:
             raise ValueError(f"guidance must be >= 0, got {guidance!r}")
@@ -197,8 +208,14 @@ class RatioObjective(Objective):
         self.old_log_probs, self.reject_bound = old_log_probs, float(reject_bound)
 
     def prepare(self, batch: RolloutBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """``[B, V, J, P]`` old log-probs."""
+        """``[B, V, J, P]`` old log-probs (and the iteration's KL steps, ``kl_steps > 0``)."""
         traj = batch.traj
+        num = traj.num_trained
+        if self.kl_steps and self.kl is not None and self.kl_steps < num:
+            gen = seeding.generator("kl_steps", self.policy.seed, batch.iteration)
+            self.kl_at = set(torch.randperm(num, generator=gen)[:self.kl_steps].tolist())
+        else:
+            self.kl_at = None
         if self.old_log_probs in ("bypass", "reject"):
             if batch.regions is not None:
                 raise ValueError(f"old_log_probs: {self.old_log_probs} has no rollout log-prob "
@@ -231,9 +248,13 @@ class RatioObjective(Objective):
 
     def loss(self, batch, state, idx, unit):
         v, j = unit
-        result = self.replay(batch, idx, v, j, kl=self.kl)
+        sampled = self.kl_at is None or j in self.kl_at
+        result = self.replay(batch, idx, v, j, kl=self.kl if sampled else None)
         if not isinstance(j, tuple):
-            return self.step_loss(batch, state, idx, v, j, result.log_prob, result.kl)
+            kl = result.kl
+            if kl is not None and self.kl_at is not None:  # unbiased: J / n per drawn step
+                kl = kl * (batch.traj.num_trained / len(self.kl_at))
+            return self.step_loss(batch, state, idx, v, j, result.log_prob, kl)
         # stacked steps: the trainer weighs each unit 1 / len(units); each step keeps the weight
         # 1 / (views * steps) it has unstacked, also when the last unit holds fewer steps
         n, num = len(idx), batch.traj.num_trained
