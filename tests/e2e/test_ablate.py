@@ -52,6 +52,11 @@ def test_every_shipped_preset_is_a_valid_config(tmp_path):
     presets = ablate_lib.load_presets()
     cells = ablate_lib.plan(None, {"method": list(presets)}, TINY, 1, tmp_path, presets)
     assert len(cells) == len(presets) >= 20
+    levers = ablate_lib.load_presets(ablate_lib.SHIPPED / "presets" / "levers.yaml")
+    cells = ablate_lib.plan(None, {"method": list(levers)}, TINY, 1, tmp_path / "l", levers)
+    assert len(cells) == len(levers) >= 6
+    lean = {k: v for k, v in levers["lean"].items()}
+    assert lean == presets["elbo_lean"]  # the ladder's last rung is the shipped preset
 
 
 @pytest.mark.parametrize("grid,message", [
