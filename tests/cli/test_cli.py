@@ -38,7 +38,8 @@ def test_config_prints_resolved_yaml_and_lists_registries(tiny_config, capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "samplers: cps, ctmc, langevin, ode, sde, vq_diffusion" in out and "losses: clip" in out
-    for line in ("objectives: awm, dflow_grpo, elbo, nft, ratio, udm_grpo", "pruners: dppo, none",
+    for line in ("objectives: awm, dflow_grpo, dgpo, dpo, elbo, nft, ratio, sft, udm_grpo",
+                 "pruners: dppo, none",
                  "kl estimators: exact, flow_grpo, log_ratio, ratio_k3, velocity_mse, x_mse",
                  "losses: clip, gate, guard, mhpo, mu_grpo, sapo, stable, unclipped",
                  "advantages: a_grae, dual_anchor, focal, global_std, group, none, rcc",

@@ -96,6 +96,19 @@ AUTHORS: dict[str, dict[str, object]] = {
             "weighting": "adaptive", "cfg_division": True, "old_policy": "ema",
             "decay_rate": 0.001, "decay_max": 0.5, "decay_delay": 0, "adv_scale": 0.1,
             "draws": 9, "timesteps": "uniform"}},
+    # Luo-Yihong/DGPO config/dgpo.py general_ocr_sd3_4gpu 587dfa1, README Mode 1 01ceb4b
+    "paper:dgpo": {
+        "train.objective": "dgpo", "sampler.name": "ode", "sampler.num_steps": 10,
+        "sampler.eval_num_steps": 14, "model.guidance": 4.5, "train.group_size": 16,
+        "train.beta": 0.02, "train.advantage": "global_std", "train.ema": True,
+        "train.objective_params": {"beta_dpo": 100.0, "draws": 4, "weighting": "uniform",
+                                   "guidance": 1.0}},
+    # Shredded-Pork/TempFlow-GRPO config/dgx.py pickscore_sd3_pr 63e4def, train_sd3_pr.py e66824e
+    "paper:tempflow_grpo": {
+        "sampler.name": "sde", "sampler.params": {"noise_level": 0.7}, "sampler.num_steps": 10,
+        "model.guidance": 4.5, "model.lora_rank": 32, "train.group_size": 24,
+        "train.step_selection": "tempflow", "train.beta": 0.001, "train.kl": "exact",
+        "train.advantage": "group", "train.ema_decay": 0.9},
 }
 
 

@@ -45,6 +45,7 @@ LEGACY = {
     "image_steps": (lambda n: hash_seed(n, 5), [(2**31 - 1,), (7,)]),
     "forward_states": (lambda s, t, i: hash_seed(s, t, i, 7), [(0, 0, 0), (42, 3, 17)]),
     "kl_steps": (lambda s, t: hash_seed(s, t, 8), [(0, 0), (42, 3)]),
+    "preference_pairs": (lambda s, t: hash_seed(s, t, 9), [(0, 0), (42, 3)]),
 }
 
 
