@@ -354,8 +354,7 @@ class TreeCredit(Credit):
         weights = weights * weights.numel() / weights.sum()
         if self.width:
             adv = tree.depth_advantages(reward, batch.groups)
-            trees = len(tree.tree_members(batch.groups.cpu()))
-            last = tree.last_branch(nodes, traj.trained.cpu(), trees)
+            last = tree.last_branch(nodes, traj.trained.cpu(), batch.groups.cpu())
             keep = tree.width_keep(adv, traj.trained, last, self.width, self.width_ratio)
             weights = weights * keep.float()
             batch.info["credit/width_kept_frac"] = float(keep.float().mean())

@@ -278,7 +278,7 @@ def node_rewards(scores: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
     return reward, count
 
 
-def depth_advantages(reward: Tensor, groups: Tensor, eps: float = 1e-8) -> Tensor:
+def depth_advantages(reward: Tensor, groups: Tensor, eps: float = 1e-4) -> Tensor:
     """``[B, J]`` node rewards normalised per step (depth) within each group, population std;
     a constant column of a group gets 0 (what the advantage estimator then does)."""
     out = torch.zeros_like(reward)
