@@ -280,6 +280,7 @@ def _switch_rule() -> dict[str, tuple[str, ...]]:
             rule[slot.each] = (slot.key, slot.params)
         elif slot.params:
             rule[slot.key] = (slot.params,)
+    rule["sampler.rollout"] = ("sampler.rollout_params",)  # the rollout registry's pair
     return rule
 
 

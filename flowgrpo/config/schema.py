@@ -83,6 +83,11 @@ class SamplerConfig:
                               default="euler")
     flash_ratio: float = _help("dpm2 only: fraction of the remaining steps kept", default=0.5)
     storage_dtype: str = _help("dtype of stored trajectory latents", default="float32")
+    rollout: str = _help("how a batch is rolled out (flowgrpo.rl.rollout.ROLLOUTS): chain (every "
+                         "sample its own trajectory) or tree (BranchGRPO: each group one tree "
+                         "with shared prefixes)", default="chain")
+    rollout_params: dict = _help("rollout parameters, e.g. {branch_at: [0, 3], factor: 2}",
+                                 default_factory=dict)
 
     def validate(self) -> None:
         require(self.num_steps >= 2, "sampler.num_steps", self.num_steps, "must be >= 2")

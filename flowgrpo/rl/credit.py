@@ -23,7 +23,8 @@ pure-ODE rollout, since ``R_K`` is the trajectory's own reward).
 
 The module holds the credit registry (``train.credit``): a credit scheme turns a scored rollout
 batch into the rewards ``[B, V, J, P]`` that advantages come from; ``outcome`` (one reward per
-sample, view or region, the default) and ``turning_point`` are registered.
+sample, view or region, the default), ``turning_point`` and ``tree`` (BranchGRPO's per-node
+credit of tree rollouts, :mod:`flowgrpo.rl.tree`) are registered.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 from torch import Tensor
 
 from flowgrpo.registry import Registry
+from flowgrpo.rl import tree
 from flowgrpo.rl.rollout import SOLVERS, solve
 from flowgrpo.rl.session import ModelSession, Score
 from samplers import CONTINUOUS, StateSpace
@@ -300,3 +302,66 @@ class TurningPointCredit(Credit):
 def build(name: str, **params: Any) -> Credit:
     """The credit scheme registered as ``name`` with its parameters."""
     return CREDITS.build(name, **params)
+
+
+@CREDITS.register("tree")
+class TreeCredit(Credit):
+    """BranchGRPO's credit of tree rollouts (``sampler.rollout: tree``; see
+    :mod:`flowgrpo.rl.tree`): each trained step of a leaf gets the reward of the tree node it
+    leads to, the mean reward of the leaves below that node, so the per-step normalisation within
+    the group is the authors' per-depth normalisation within the tree; a step that ``m`` leaves
+    share weighs ``1 / m`` (``batch.step_weights``, scaled to mean 1), so every tree edge counts
+    once and the loss is the mean over the edges, as in the authors' code. On chain
+    rollouts every node is one leaf and this is the outcome credit.
+
+    Args:
+        prune_steps: depth pruning, the trained steps dropped from training (the authors'
+            ``depth_pruning``: their depth ``d`` is step ``d - 1``); their forwards are saved.
+        prune_slide: slide the pruned steps one step earlier every ``prune_slide`` iterations
+            (0: fixed; the authors' ``depth_pruning_slide_interval``) while the earliest stays
+            at or after ``prune_stop`` (their ``depth_pruning_stop_depth`` minus 1; None: 0).
+        width: width pruning after the last branch step: 0 off, 1 the best ``width_ratio`` of
+            each leaf's steps by advantage, 2 the best and the worst of the batch's (the
+            authors' ``width_pruning_mode``); pruned steps get weight 0.
+        width_ratio: the share width pruning keeps (the authors' ``width_pruning_ratio``).
+    """
+
+    def __init__(self, prune_steps: list | tuple = (), prune_slide: int = 0,
+                 prune_stop: int | None = None, width: int = 0,
+                 width_ratio: float = 0.5) -> None:
+        if width not in tree.WIDTH_MODES:
+            raise ValueError(f"train.credit_params.width {width!r} must be one of "
+                             f"{', '.join(map(str, tree.WIDTH_MODES))}")
+        if not 0 < width_ratio <= 1:
+            raise ValueError(f"train.credit_params.width_ratio {width_ratio!r} must be in (0, 1]")
+        if prune_slide < 0:
+            raise ValueError(f"train.credit_params.prune_slide {prune_slide!r} must be >= 0")
+        self.prune_steps = [int(k) for k in prune_steps]
+        self.prune_slide, self.prune_stop = int(prune_slide), prune_stop
+        self.width, self.width_ratio = int(width), float(width_ratio)
+
+    def rewards(self, session, score, batch):
+        drop = tree.pruned_steps(self.prune_steps, self.prune_slide, self.prune_stop,
+                                 batch.iteration)
+        tree.drop_steps(batch, drop)
+        traj = batch.traj
+        if traj.num_trained == 0:
+            raise ValueError("tree credit needs at least one trained step per sample")
+        nodes = tree.node_ids(traj.latents, batch.groups, traj.trained)
+        reward, count = tree.node_rewards(batch.reward.scores, nodes)
+        # every edge once; scaled to mean 1, so the loss is the mean over the tree's edges
+        weights = 1.0 / count
+        weights = weights * weights.numel() / weights.sum()
+        if self.width:
+            adv = tree.depth_advantages(reward, batch.groups)
+            last = tree.last_branch(nodes, traj.trained.cpu(), batch.groups.cpu())
+            keep = tree.width_keep(adv, traj.trained, last, self.width, self.width_ratio)
+            weights = weights * keep.float()
+            batch.info["credit/width_kept_frac"] = float(keep.float().mean())
+        batch.step_weights = batch.step_weights * weights.to(batch.step_weights.device)
+        batch.info["credit/tree_nodes"] = float(sum(len(nodes[:, j].unique())
+                                                    for j in range(nodes.shape[1])))
+        return Signal(reward[:, None, :, None])
+
+
+from flowgrpo.rl import tree as _tree  # noqa: E402,F401  (registers the tree credit)

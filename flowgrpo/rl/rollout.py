@@ -14,6 +14,13 @@ Euler step, all in one model call.
 :func:`solve` is the one deterministic completion (Euler or DPM-Solver++(2M)) from any latent
 and noise level: the rollout's MixGRPO-Flash tail, TurningPoint-GRPO's completions and eval use
 it.
+
+The rollout registry :data:`ROLLOUTS` (``sampler.rollout``) names how a batch is rolled out:
+``chain`` (the default, :func:`rollout`: every sample its own trajectory) and ``tree``
+(BranchGRPO's tree of shared prefixes, registered by :mod:`flowgrpo.rl.tree`, which
+:mod:`flowgrpo.rl.credit` imports). A registered factory takes the
+``sampler.rollout_params`` and returns the rollout callable, called as :func:`rollout` is plus
+``groups``, the chunk's group ids.
 """
 
 from __future__ import annotations
@@ -21,10 +28,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 import samplers
+from flowgrpo.registry import Registry
 from pipelines import Cond, FlowAdapter
 from pipelines.base import LOGPROB_WEIGHT
 
@@ -171,6 +180,7 @@ def rollout(
     sigmas: torch.Tensor,
     trained: torch.Tensor,
     generator: torch.Generator | list[torch.Generator] | None = None,
+    groups: torch.Tensor | None = None,
 ) -> Trajectory:
     """Denoise ``noise`` along ``sigmas``; each sample's ``trained`` steps use the sampler,
     its other steps Euler.
@@ -185,6 +195,8 @@ def rollout(
             (the trainer's): each sample draws from its own stream at its own stochastic steps
             only, so a sample's trajectory does not depend on its batch-mates (the same on any
             number of processes and any chunking).
+        groups: ``[B]`` group ids of the samples; a chain does not read them (every sample is
+            its own trajectory), a tree rollout shares prefixes within each group.
     """
     velocity = model_velocity(adapter, cond, spec.guidance, spec.autocast)
     weight = cond.tensors.get(LOGPROB_WEIGHT)  # positions the model does not generate: 0
@@ -229,3 +241,18 @@ def rollout(
         grid.append(s_next)
     return Trajectory(torch.stack(states, 1), torch.stack(grid).float(), trained,
                       log_probs.float(), cond)
+
+
+# --------------------------------------------------------------------------- the rollout registry
+ROLLOUTS: Registry[Callable[..., Callable[..., Trajectory]]] = Registry("rollout")
+
+
+@ROLLOUTS.register("chain")
+def chain() -> Callable[..., Trajectory]:
+    """Every sample its own trajectory from its own initial noise: :func:`rollout`."""
+    return rollout
+
+
+def build(name: str, **params: Any) -> Callable[..., Trajectory]:
+    """The rollout registered as ``name`` with its parameters (``sampler.rollout_params``)."""
+    return ROLLOUTS.build(name, **params)

@@ -22,6 +22,7 @@ from flowgrpo.data.prompts import Prompt, load_prompts
 from flowgrpo.distributed import unwrap
 from flowgrpo.rl import credit as credit_lib
 from flowgrpo.rl import objectives, pruning
+from flowgrpo.rl import rollout as rollout_lib
 from flowgrpo.rl import step_selection as steps_lib
 from flowgrpo.rl.ema import EMA
 from flowgrpo.rl.rollout import RolloutSpec
@@ -46,6 +47,8 @@ class Components:
         calls: the model-call counter.
         sampler, selection, credit, views, objective, pruner: the algorithm pieces.
         spec: how a rollout samples (the sampler, guidance, window, storage).
+        rollout: the rollout piece (``sampler.rollout``), called as
+            :func:`flowgrpo.rl.rollout.rollout` with the chunk's ``groups``.
         rewards: the reward runner.
         prompts, eval_prompts: the training and the eval prompt sets.
     """
@@ -66,6 +69,7 @@ class Components:
     rewards: RewardRunner
     prompts: list[Prompt]
     eval_prompts: list[Prompt]
+    rollout: Callable = rollout_lib.rollout
 
 
 def accelerator(cfg: Config):
@@ -116,6 +120,7 @@ def build_components(cfg: Config, acc: Any, *, sampler: samplers.Sampler | None 
     sampler.bind(adapter)  # a discrete sampler reads the model's token path; kinds must match
     selection = steps_lib.build(tc.step_selection, seed=cfg.run.seed, **tc.step_selection_params)
     credit = credit_lib.build(tc.credit, **tc.credit_params)
+    rollout = rollout_lib.build(cfg.sampler.rollout, **cfg.sampler.rollout_params)
     views = Views(tc.views, tc.enhancer, tc.enhancer_params, cfg.run.seed)
     rewards = RewardRunner(cfg.reward, adapter, cfg.run, given=reward_funcs)
     prompts = load_prompts(cfg.data.prompts)
@@ -130,7 +135,7 @@ def build_components(cfg: Config, acc: Any, *, sampler: samplers.Sampler | None 
     pruner = pruning.build(tc.pruner, **tc.pruner_params)
     eval_prompts = load_prompts(cfg.data.eval_prompts) if cfg.data.eval_prompts else prompts
     return Components(cfg, acc, session, optimizer, ema, calls, sampler, selection, credit,
-                      views, objective, pruner, spec, rewards, prompts, eval_prompts)
+                      views, objective, pruner, spec, rewards, prompts, eval_prompts, rollout)
 
 
 def optimizer_kernel(kernel: str, device: torch.device) -> dict:

@@ -30,7 +30,6 @@ from flowgrpo.data.prompts import sample_groups
 from flowgrpo.errors import ConfigError, Interrupted, RunError, one_line
 from flowgrpo.rl import advantages as adv_lib
 from flowgrpo.rl.batch import GlobalView, RolloutBatch, chunks
-from flowgrpo.rl.rollout import rollout
 from flowgrpo.run import checkpoint as ckpt
 from flowgrpo.run.resume import RunFolder
 from flowgrpo.run.tracking import Tracker
@@ -62,6 +61,9 @@ class Trainer:
         self.credit, self.views, self.objective, self.pruner = (c.credit, c.views, c.objective,
                                                                 c.pruner)
         self.rewards, self.prompts = c.rewards, c.prompts
+        self.rollout = c.rollout
+        # a group-wise reward or a tree rollout must see whole groups in each chunk
+        self.whole_groups = self.rewards.groupwise or getattr(c.rollout, "groupwise", False)
         self.run_dir, self.run_folder = run.path, run
         self.adv_state: dict = {}  # a stateful advantage estimator's running statistics
         self.nonfinite_run = 0  # optimizer steps skipped in a row for non-finite gradients
@@ -143,15 +145,15 @@ class Trainer:
         weights = self.selection.weights(sigmas, trained, self.sampler).to(self.acc.device)
         trajs, pending = [], []
         size = cfg.train.sample_batch_size or cfg.train.batch_size
-        if self.rewards.groupwise:  # a group-wise reward must see whole groups in each chunk
+        if self.whole_groups:
             size = max(size // k, 1) * k
         cond_all = self.session.encode(texts, metas)  # once per batch, not per chunk
         with self.session.offloaded(("vae",)), self.objective.sampling():
             for sl in chunks(len(texts), size):
                 cond = cond_all.index(sl)
                 noise = torch.cat([self.adapter.noise(1, g) for g in gens[sl]])
-                traj = rollout(self.adapter, self.spec, cond, noise, sigmas, trained[sl],
-                               generator=gens[sl])
+                traj = self.rollout(self.adapter, self.spec, cond, noise, sigmas, trained[sl],
+                                    generator=gens[sl], groups=groups[sl])
                 media = self.session.decode(traj.final)
                 pending.append(self.rewards.submit(media, texts[sl], metas[sl]))
                 trajs.append(traj)
