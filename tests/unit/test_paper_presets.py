@@ -109,6 +109,14 @@ AUTHORS: dict[str, dict[str, object]] = {
         "model.guidance": 4.5, "model.lora_rank": 32, "train.group_size": 24,
         "train.step_selection": "tempflow", "train.beta": 0.001, "train.kl": "exact",
         "train.advantage": "group", "train.ema_decay": 0.9},
+    # Fredreic1849/BranchGRPO scripts/finetune/finetune_flux_branchgrpo_8gpus.sh 19fbb9f
+    "paper:branch_grpo": {
+        "sampler.params": {"schedule": "constant", "eta": 0.3}, "sampler.num_steps": 20,
+        "sampler.rollout": "tree",
+        "sampler.rollout_params": {"branch_at": [0, 3, 6, 9], "factor": 2, "noise_scale": 4.0},
+        "train.credit": "tree", "train.group_size": 16, "train.lr": 1e-5,
+        "train.loss_params": {"clip_low": 1e-3, "clip_high": 1e-3}, "train.adv_clip": 5.0,
+        "train.beta": 0.0, "model.lora": False},
 }
 
 
