@@ -44,7 +44,7 @@ def test_config_prints_resolved_yaml_and_lists_registries(tiny_config, capsys):
                  "losses: clip, gate, guard, mhpo, mu_grpo, sapo, stable, unclipped",
                  "advantages: a_grae, dual_anchor, focal, global_std, group, none, rcc",
                  "step selections: all, flash, tempflow, window",
-                 "credits: outcome, turning_point", "enhancers: callable, remote, template",
+                 "credits: outcome, tree, turning_point", "enhancers: callable, remote, template",
                  "window strategies: progressive, random, fixed, decay, exp_decay"):
         assert line in out
     assert main(["config", "--help-fields"]) == 0
