@@ -367,8 +367,10 @@ class Config:
         tc = self.train
         selection = steps.build(tc.step_selection, seed=self.run.seed, **tc.step_selection_params)
         sigmas = torch.linspace(1.0, 0.0, self.sampler.num_steps + 1)
+        sampler = samplers.build(self.sampler.name, **self.sampler.params)
         try:
-            selection.select(sigmas, torch.zeros(tc.group_size, dtype=torch.long), 0,
-                             samplers.build(self.sampler.name, **self.sampler.params))
+            trained = selection.select(sigmas, torch.zeros(tc.group_size, dtype=torch.long), 0,
+                                       sampler)
+            selection.weights(sigmas, trained, sampler)  # e.g. a Gaussian-only loss weight
         except ValueError as err:
             raise ConfigError(f"train.step_selection_params: {err}") from None

@@ -82,7 +82,7 @@ def contract_cases() -> list[tuple[str, str, str, int]]:
     from flowgrpo.errors import ConfigError
 
     cases = []
-    for o in OBJECTIVES.names():
+    for o in [n for n in OBJECTIVES.names() if OBJECTIVES.get(n).anchored]:
         for s in STEP_SELECTIONS.names():
             for c, v in [(c, 0) for c in CREDITS.names()] + [("outcome", 1)]:
                 try:
@@ -115,9 +115,11 @@ def discrete_contract_cases() -> list[tuple[str, str, str, int, str]]:
     from flowgrpo.errors import ConfigError
 
     cases = []
-    # flash's rectification is a Gaussian's (refused for tokens): it runs without
-    selections = [*STEP_SELECTIONS.names(), "flash:{rectify: false}"]
-    for o in OBJECTIVES.names():
+    # flash's rectification and tempflow's noise weight are a Gaussian's (refused for tokens):
+    # they run without
+    selections = [*STEP_SELECTIONS.names(), "flash:{rectify: false}",
+                  "tempflow:{noise_aware: false}"]
+    for o in [n for n in OBJECTIVES.names() if OBJECTIVES.get(n).anchored]:
         for s in selections:
             for c, v in [(c, 0) for c in CREDITS.names()] + [("outcome", 1)]:
                 try:

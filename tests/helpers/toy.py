@@ -41,6 +41,8 @@ def assert_ratio_one(t: Trainer) -> dict:
         if "train/ratio_max" in out:
             assert abs(float(out["train/ratio_max"]) - 1) <= 1e-6, unit
             assert abs(float(out["train/ratio_min"]) - 1) <= 1e-6, unit
+        elif "train/margin" in out:  # a preference objective's: the policy is the reference
+            assert float(out["train/margin"]) <= 1e-6, unit
         else:  # a ratio-free objective's analogue: the policy equals the old policy
             assert float(out["train/old_gap"]) <= 1e-6, unit
     return metrics

@@ -160,3 +160,11 @@ def test_sft_trains_the_flow_matching_loss_of_each_groups_best(tmp_path):
     close(got, grads(t))
     two = OBJECTIVES.build("sft", t.objective.policy, top_k=2)
     assert int(two.selected(batch).sum()) == 2 * len(best)
+
+
+def test_only_sft_is_outside_the_ratio_one_contract():
+    """The contract tests (tests/e2e/test_core.py) run every anchored objective; SFT compares the
+    policy with nothing, so it alone is left out, and the preference ones are in."""
+    unanchored = {n for n in OBJECTIVES.names() if not OBJECTIVES.get(n).anchored}
+    assert unanchored == {"sft"}
+    assert {"dgpo", "dpo"} <= {n for n in OBJECTIVES.names() if OBJECTIVES.get(n).anchored}

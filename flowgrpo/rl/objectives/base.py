@@ -86,12 +86,16 @@ class Objective:
             default.
         state_space: the state space it trains (None: either); the config refuses a sampler of
             another kind.
+        anchored: whether it compares the policy with an old policy or a reference (a ratio, an
+            old velocity or a preference margin), so that the contract "ratio 1 (or its
+            analogue) before the first update" applies; SFT has neither.
     """
 
     needs_transitions: ClassVar[bool] = True
     # the kind of state it trains (samplers.spaces); None: any (the ratio objective)
     state_space: ClassVar[samplers.StateSpace | None] = None
     kl_estimators: ClassVar[tuple[str, ...]] = ("exact", "flow_grpo", "x_mse")
+    anchored: ClassVar[bool] = True
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy

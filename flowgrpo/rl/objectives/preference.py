@@ -332,6 +332,8 @@ class SftObjective(_PreferenceBase):
         top_k: samples kept per group (default 1).
     """
 
+    anchored = False  # no old policy and no reference: the ratio-1 contract has no analogue
+
     def __init__(self, policy: Policy, top_k: int = 1, draws: int = 1,
                  timesteps: str = "uniform", weighting: str = "uniform", power: float = 0.25,
                  guidance: float | None = None) -> None:
