@@ -61,7 +61,7 @@ BAD = [
     ({"sampler": {"window_size": 2}}, ["sampler.window_size", "moved", "train.step_selection"]),
     ({"train": {"loss_params": {"clip_hgih": 1}}}, ["train.loss_params", "clip_hgih",
                                                     "did you mean clip_high"]),
-    ({"train": {"objective": "dpo"}}, ["train.objective", "dpo", "ratio"]),
+    ({"train": {"objective": "ppo"}}, ["train.objective", "ppo", "ratio"]),
     ({"train": {"objective_params": {"temperature": 1}}}, ["train.objective_params",
                                                            "temperature"]),
     ({"train": {"step_selection": "every"}}, ["train.step_selection", "all", "flash", "window"]),
