@@ -13,7 +13,9 @@ threads joined) while the interpreter is whole.
 It is called in ``finally`` and needs no peer: it is local to the process, so a rank whose
 ``main`` raised still ends cleanly and its own error is what the launcher reports (a peer left
 waiting in a collective is ended by the launcher). Killed by a signal, a rank runs no
-finalization at all, so there is nothing to abort.
+finalization at all, so there is nothing to abort. The FSDP2 job still aborted now and then with its
+groups destroyed, so it ends with ``os._exit(0)`` once ``main`` returned (``hard_exit``): no
+teardown or finalization runs at all.
 """
 
 from __future__ import annotations
@@ -22,13 +24,29 @@ from collections.abc import Callable
 from typing import Any
 
 
-def run(main: Callable[..., Any], *args: Any) -> None:
-    """``main(*args)``, then the process group destroyed (the module docstring says why)."""
+def run(main: Callable[..., Any], *args: Any, hard_exit: bool = False) -> None:
+    """``main(*args)``, then the process group destroyed (the module docstring says why). With
+    ``hard_exit``, a ``main`` that returned ends the process at once instead, with no teardown
+    and no interpreter finalization: for a job whose every output is written and closed and
+    whose ranks have met at a barrier when ``main`` returns."""
+    import os
+    import sys
+
     import torch.distributed as dist
 
+    ok = False
     try:
         main(*args)
+        ok = True
     finally:
+        if ok and hard_exit:
+            # Destroying the groups was not always enough for the FSDP2 job: its sharded state
+            # holds gloo work objects whose threads could still abort the rank, in the teardown
+            # or in finalization. Its outputs are written and closed and its ranks have met at a
+            # last barrier, so the process ends here, with nothing torn down.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 
