@@ -15,5 +15,6 @@ from .longcat_tts import LongCatTTSAdapter  # noqa: F401  (registers the family)
 from .qwen_image import QwenImageAdapter  # noqa: F401  (registers the family)
 from .vq_diffusion import VQDiffusionAdapter  # noqa: F401  (registers the family)
 from .wan import WanAdapter  # noqa: F401  (registers the family)
+from .wan_i2v import WanI2VAdapter  # noqa: F401  (registers the family)
 
 __all__ = ["FAMILIES", "Cond", "DiscreteAdapter", "FlowAdapter", "load", "names", "register"]

@@ -34,6 +34,7 @@ from helpers.tiny_video import (
     tiny_wan22_ti2v_pipeline,
 )
 from helpers.tiny_vq_diffusion import tiny_vq_diffusion_pipeline
+from helpers.tiny_wan_i2v import WAN_I2V, WAN_I2V_CALL, tiny_wan_i2v_pipeline
 from pipelines import (
     AceStepAdapter,
     FluxAdapter,
@@ -47,6 +48,7 @@ from pipelines.digits_discrete import DigitsDiscreteAdapter
 from pipelines.flux_kontext import FluxKontextAdapter
 from pipelines.sd3 import SD3Adapter
 from pipelines.vq_diffusion import VQDiffusionAdapter
+from pipelines.wan_i2v import WanI2VAdapter
 
 PROMPTS = ["a red cube on a table", "two dogs"]
 STEPS = 5
@@ -108,6 +110,8 @@ CASES = {
     "vq_diffusion": Case(tiny_vq_diffusion_pipeline, VQDiffusionAdapter),
     # masked tokens rolled out with ctmc; parity with its pipeline: tests/families/test_amused.py
     "amused": Case(tiny_amused_pipeline, AmusedAdapter),
+    # Wan2.1 I2V animating one shipped first frame; Wan2.2 variants: tests/families/test_wan_i2v.py
+    "wan_i2v": Case(tiny_wan_i2v_pipeline, WanI2VAdapter, WAN_I2V, WAN_I2V_CALL, output="frames"),
 }
 
 
