@@ -143,15 +143,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_new_family(args: argparse.Namespace) -> int:
     from flowgrpo import console
+    from flowgrpo.cli.new_family_tests import tiny_components_left
 
     console.apply_to_libraries()  # diffusers is imported to read the pipeline
     adapter, test, facts = new_family(args.name, args.pipeline, args.out, force=args.force)
-    todo = ", ".join(STUBS)
     console.result(f"wrote {adapter} (family {args.name!r}, class {class_name(args.name)}, "
-                   f"loading {facts.name}; to write: {todo})")
+                   f"loading {facts.name}; to write: {', '.join(STUBS)})")
+    left = ", ".join(tiny_components_left(facts)) or "nothing"
     console.result(f"wrote {test} (the family contract and the parity with "
-                   f"{facts.name}(..., output_type='latent') on tiny_pipeline())")
-    console.result(f"next: python -m pytest {test} -q  (each failure says what to write)")
+                   f"{facts.name}(..., output_type='latent') on tiny_pipeline(); "
+                   f"tiny_pipeline's components to write: {left})")
+    console.result(f"next: python -m pytest {test} -q --tb=line  (each failure says what to "
+                   "write)")
     scheduler = facts.component("scheduler")
     if scheduler and scheduler.cls and not scheduler.cls.startswith("FlowMatch"):
         console.warn(f"{facts.name}'s scheduler is {scheduler.cls}, not a flow-matching one: "
@@ -185,7 +188,8 @@ def new_family(name: str, pipeline: str, out: str | Path = ".", *,
         ScaffoldError: a bad or taken name, a class diffusers does not have (with the close
             matches) or that is no pipeline, a file that exists without ``force``.
     """
-    from flowgrpo.cli.family_templates import adapter_source, test_source
+    from flowgrpo.cli.new_family_adapter import adapter_text
+    from flowgrpo.cli.new_family_tests import tests_text
 
     check_name(name)
     facts = describe(pipeline_class(pipeline))
@@ -197,8 +201,8 @@ def new_family(name: str, pipeline: str, out: str | Path = ".", *,
     if taken and not force:
         raise ScaffoldError(f"new-family: {taken[0]} exists; pass --force to overwrite it")
     folder.mkdir(parents=True, exist_ok=True)
-    paths[0].write_text(adapter_source(name, facts))
-    paths[1].write_text(test_source(name, facts))
+    paths[0].write_text(adapter_text(name, facts))
+    paths[1].write_text(tests_text(name, facts))
     return paths[0], paths[1], facts
 
 
