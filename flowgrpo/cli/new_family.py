@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import importlib.util
 import inspect
 import keyword
 import re
@@ -231,9 +232,10 @@ def pipeline_class(name: str) -> type:
     if isinstance(obj, type) and issubclass(obj, DiffusionPipeline):
         return obj
     if isinstance(obj, DummyObject):
-        backends = ", ".join(getattr(obj, "_backends", [])) or "an optional dependency"
-        raise ScaffoldError(f"new-family: diffusers' {name} needs {backends}, which is not "
-                            "installed here; install it and run again")
+        missing = [b for b in getattr(obj, "_backends", []) if importlib.util.find_spec(b) is None]
+        raise ScaffoldError(f"new-family: diffusers' {name} needs "
+                            f"{', '.join(missing) or 'an optional dependency'}, not installed "
+                            "here; install it and run again")
     lowered = {n.lower(): n for n in pipelines}
     close = [lowered[n] for n in difflib.get_close_matches(name.lower(), list(lowered), n=3,
                                                            cutoff=0.6)]

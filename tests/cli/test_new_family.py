@@ -126,6 +126,20 @@ def test_bad_arguments_are_one_line_errors_and_write_nothing(tmp_path, capsys, n
     assert not (tmp_path / "out").exists()
 
 
+def test_a_pipeline_without_its_dependencies_is_named_with_them(tmp_path, capsys):
+    import diffusers
+    from diffusers.utils import DummyObject
+
+    dummies = [n for n in dir(diffusers) if n.endswith("Pipeline")
+               and isinstance(getattr(diffusers, n), DummyObject)]
+    if not dummies:
+        pytest.skip("every pipeline of diffusers can be imported here")
+    assert scaffold(tmp_path, "mine", dummies[0]) == 2
+    err = one_line_error(capsys)
+    assert f"diffusers' {dummies[0]} needs " in err and "not installed here" in err
+    assert "torch" not in err.split("needs ")[1]  # only what is missing
+
+
 def test_existing_files_are_kept_unless_forced(tmp_path, capsys):
     assert scaffold(tmp_path, "mine") == 0
     out = capsys.readouterr().out
@@ -138,6 +152,8 @@ def test_existing_files_are_kept_unless_forced(tmp_path, capsys):
     assert adapter.read_text() == "# my work\n"
     assert scaffold(tmp_path, "mine", PIPELINE, "--force") == 0
     assert "class MineAdapter(FlowAdapter)" in adapter.read_text()
+    assert scaffold(adapter, "other") == 2  # --out names a file
+    assert "is a file; give a folder" in one_line_error(capsys)
 
 
 # ----------------------------------------------------------------------- what it writes
