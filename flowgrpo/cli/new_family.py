@@ -311,7 +311,9 @@ def _read_call(facts: PipelineFacts) -> None:
     for node in sorted(ast.walk(tree), key=lambda n: getattr(n, "lineno", 0)):
         if isinstance(node, ast.Assign) and "timestep" not in found and any(
                 isinstance(t, ast.Name) and t.id == "timestep" for t in node.targets):
-            found["timestep"] = Site(start + node.lineno - 1, ast.unparse(node))
+            code = " ".join(ast.unparse(node).split())
+            found["timestep"] = Site(start + node.lineno - 1,
+                                     code if len(code) <= 160 else code[:155] + " ...")
         if not isinstance(node, ast.Call):
             continue
         func = _dotted(node.func)
