@@ -9,6 +9,7 @@
     flowgrpo serve-reward --reward NAME [--params JSON] [--host 127.0.0.1] [--port 8000]
     flowgrpo list [CONFIG]
     flowgrpo doctor
+    flowgrpo new-family NAME --pipeline CLASS [--out DIR] [--force]
 
 Every command takes ``--debug`` (or ``FLOWGRPO_DEBUG=1``) to show tracebacks; without it a fault
 is one line on stderr.
@@ -26,6 +27,7 @@ import sys
 from collections.abc import Callable
 
 from flowgrpo import console
+from flowgrpo.cli import new_family
 from flowgrpo.errors import ConfigError, FlowgrpoError, one_line
 
 
@@ -301,6 +303,8 @@ def _commands() -> list[tuple[str, str, Callable | None, Callable | None]]:
          _list_args, cmd_list),
         ("doctor", "versions, device, extras, hub access and plug-ins, for a bug report",
          _doctor_args, cmd_doctor),
+        ("new-family", "scaffold a model family: an adapter of a diffusers pipeline and its tests",
+         new_family.add_arguments, new_family.cmd_new_family),
     ]
 
 
