@@ -282,8 +282,7 @@ TRUE_CFG = {"sd3", "wan"}  # FLUX.1-dev's guidance is an embedding: one call per
 PEAK_BF16_TFLOPS = [
     ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H800", 989.0),
     ("H200", 989.0), ("GH200", 989.0), ("H20", 148.0), ("B200", 2250.0), ("A100", 312.0),
-    ("A800", 312.0), ("L40S", 362.0), ("L40", 181.0), ("L4", 121.0), ("A10", 125.0),
-    ("MI300X", 1307.0),
+    ("A800", 312.0), ("L40S", 362.0), ("L40", 181.0), ("L4", 121.0), ("MI300X", 1307.0),
 ]
 RECIPE_GPU_BYTES = 80 * 2**30  # the recipes' card: 80 GB
 
@@ -300,7 +299,11 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def device_name() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """This process's device: its GPU under ``accelerate launch`` (``LOCAL_RANK``), else the
+    first, else the CPU."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
 
 
 def build_pipeline(family: str, size: str, dtype: torch.dtype) -> Any:
@@ -655,7 +658,7 @@ def text_encoder_cost(family: str, size: str, batch: int, log: Any) -> dict:
                              else (UMT5Config, UMT5EncoderModel))
     bytes_ = 2 * sum(_t5_params(config).values())
     device = device_name()
-    if device == "cuda":
+    if device != "cpu":
         free, _ = torch.cuda.mem_get_info()
         if free < 1.5 * bytes_:
             return {"skipped": f"{bytes_ / 2**30:.1f} GiB of weights, {free / 2**30:.1f} GiB "
