@@ -99,13 +99,14 @@ def model_overrides(model: str, sd3_path: str | None) -> list[str]:
     raise ValueError(f"unknown model {model!r}; valid: {', '.join(MODELS)}")
 
 
-def build_trainer(overrides: list[str], output_dir: str) -> Any:
-    """A :class:`~flowgrpo.training.trainer.Trainer` of the default config with ``overrides``,
-    writing only into ``output_dir`` (no TensorBoard, no progress bar, no eval, no checkpoints)."""
+def build_trainer(overrides: list[str], output_dir: str, config: str | None = None) -> Any:
+    """A :class:`~flowgrpo.training.trainer.Trainer` of ``config`` (a YAML file; None: the
+    default config) with ``overrides``, writing only into ``output_dir`` (no TensorBoard, no
+    progress bar, no eval, no checkpoints)."""
     from flowgrpo.config.io import load_config
     from flowgrpo.training.trainer import Trainer
 
-    cfg = load_config(None, [*RUN, f"run.output_dir={output_dir}", *overrides])
+    cfg = load_config(config, [*RUN, f"run.output_dir={output_dir}", *overrides])
     with redirect_stdout(io.StringIO()):  # the trainer's one-line banner
         return Trainer.from_config(cfg)
 

@@ -26,6 +26,9 @@ iterations, so load from other processes hits both alike; every figure is a medi
 ``iteration / floor`` is the median of the per-pair ratios, and is given again in process CPU
 time (``time.process_time``, which time spent preempted by other processes does not inflate) as
 a cross-check on a busy machine. The last line says how much CPU other processes took.
+On CUDA every timer first waits for the device's queued kernels (:func:`now`), so a time is
+the kernels' own rather than their launch; the floor runs under the run's autocast, as the
+iteration's calls do.
 
     python benchmarks/overhead.py [--model toy|sd3|both] [--iterations 10] [--warmup 2]
         [--threads 1] [--set KEY=VALUE ...]
@@ -69,6 +72,15 @@ TRANSFORMER = (FWD_NOGRAD, FWD_REF, FWD_GRAD, BACKWARD)
 Path_ = tuple[str, ...]
 
 
+def now() -> float:
+    """``time.perf_counter()`` once the device's queued work is done: CUDA kernels run
+    asynchronously, so without the synchronize a timer would measure their launch, not their
+    run. On the CPU it is ``perf_counter`` itself."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
 class Clock:
     """Own (exclusive) wall time per nested path of labels: a call's time minus its timed
     children's."""
@@ -80,11 +92,11 @@ class Clock:
         self.replaced: list[tuple[Any, str, Any]] = []  # (owner, name, own attribute or None)
 
     def enter(self, label: str) -> None:
-        self.stack.append([label, time.perf_counter(), 0.0])
+        self.stack.append([label, now(), 0.0])
 
     def exit(self) -> None:
         label, start, children = self.stack.pop()
-        elapsed = time.perf_counter() - start
+        elapsed = now() - start
         path = (*(frame[0] for frame in self.stack), label)
         self.own[path] = self.own.get(path, 0.0) + elapsed - children
         if self.stack:
@@ -278,7 +290,8 @@ def instrument(trainer: Any, clock: Clock) -> TransformerProbe:
 
 
 def floor(trainer: Any, calls: list[Call], clock: Clock) -> dict[str, float]:
-    """Seconds of the captured calls replayed alone, by kind; grads are cleared after."""
+    """Seconds of the captured calls replayed alone, by kind, under the run's autocast (as
+    the iteration makes them); grads are cleared after."""
     from flowgrpo.distributed import unwrap
     from flowgrpo.rl.reference import reference
 
@@ -286,22 +299,22 @@ def floor(trainer: Any, calls: list[Call], clock: Clock) -> dict[str, float]:
     out = dict.fromkeys(TRANSFORMER, 0.0)
     clock.on = False
     try:
-        with trainer.calls.paused():
+        with trainer.calls.paused(), trainer.session.autocast():
             for call in calls:
                 with reference(trainer.adapter) if call.ref else nullcontext():
                     if call.grad:
-                        start = time.perf_counter()
+                        start = now()
                         result = transformer(*call.args, **(call.kwargs or {}))[0]
-                        middle = time.perf_counter()
+                        middle = now()
                         grad = call.grad_output
                         result.backward(torch.zeros_like(result) if grad is None else grad)
                         out[FWD_GRAD] += middle - start
-                        out[BACKWARD] += time.perf_counter() - middle
+                        out[BACKWARD] += now() - middle
                     else:
                         with torch.no_grad():
-                            start = time.perf_counter()
+                            start = now()
                             transformer(*call.args, **(call.kwargs or {}))
-                            out[FWD_REF if call.ref else FWD_NOGRAD] += time.perf_counter() - start
+                            out[FWD_REF if call.ref else FWD_NOGRAD] += now() - start
     finally:
         clock.on = True
         for p in trainer.params:
@@ -312,10 +325,10 @@ def floor(trainer: Any, calls: list[Call], clock: Clock) -> dict[str, float]:
 def timed_iteration(trainer: Any, clock: Clock, epoch: int) -> tuple[float, float, dict, dict]:
     """``(seconds, CPU seconds, own times by path, calls)`` of one iteration."""
     clock.take()
-    start, cpu = time.perf_counter(), time.process_time()
+    start, cpu = now(), time.process_time()
     with clock.phase("iteration"):
         calls = iteration(trainer, epoch)
-    return time.perf_counter() - start, time.process_time() - cpu, clock.take(), calls
+    return now() - start, time.process_time() - cpu, clock.take(), calls
 
 
 def inclusive(own: dict[Path_, float]) -> dict[Path_, float]:
