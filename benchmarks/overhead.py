@@ -236,10 +236,10 @@ def instrument(trainer: Any, clock: Clock) -> TransformerProbe:
     import samplers
     from flowgrpo import distributed as engines
     from flowgrpo.distributed import unwrap
-    from flowgrpo.rl import advantages, batch, objectives, rollout
+    from flowgrpo.rl import advantages, batch, rollout
     from flowgrpo.rl import replay as grpo
+    from flowgrpo.rl.objectives import base as objective_base
     from flowgrpo.rl.objectives import likelihood_free
-    from flowgrpo.training import trainer as trainer_module
 
     adapter = trainer.adapter
     wraps: list[tuple[Any, str, str]] = [
@@ -251,7 +251,7 @@ def instrument(trainer: Any, clock: Clock) -> TransformerProbe:
         (trainer.selection, "select", "step selection"),
         (trainer.selection, "weights", "step weights"),
         (adapter, "noise", "initial noise"),
-        (trainer_module, "rollout", "rollout"),
+        (trainer, "rollout", "rollout"),
         (adapter, "velocity", "adapter.velocity"),
         (trainer.sampler, "transition", "sampler transition"),
         (rollout, "step_noise", "step noise (per-sample generators)"),
@@ -269,7 +269,7 @@ def instrument(trainer: Any, clock: Clock) -> TransformerProbe:
         (trainer, "prune", "prune"),
         (trainer.objective, "prepare", "objective.prepare"),
         (trainer.objective, "loss", "objective.loss"),
-        (objectives, "replay_step", "replay_step"),
+        (objective_base, "replay_step", "replay_step"),
         (trainer.acc, "backward", BACKWARD),
         (trainer, "step_optimizer", "step_optimizer"),
         (trainer.acc, "clip_grad_norm_", "clip_grad_norm_"),
