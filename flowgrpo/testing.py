@@ -135,8 +135,9 @@ def check_family_contract(family: str, folder: str | Path, options: dict | None 
         # the checkpoint's LoRA loads back into a fresh pipeline the way `flowgrpo sample`
         # loads it (at a high and a low noise level: both experts of a two-expert model)
         loaded = load_trained(t.cfg, str(t.save(1)))
-        x = t.adapter.noise(2, torch.Generator().manual_seed(0))
         items = batch.prompts[:2], batch.metadata[:2]
+        x = t.adapter.initial_noise([torch.Generator().manual_seed(i) for i in range(2)],
+                                    t.adapter.encode_inputs(*items))
         for s in (0.95, 0.5):
             sigma = torch.full((2,), s)
             with torch.no_grad():

@@ -35,6 +35,16 @@ broadcastable to the latents (1: a generated position; 0: a position the model d
 such as a TTS voice prompt's frames or the padding after a clip). Rollouts and replays pass it to
 :func:`samplers.gaussian_log_prob` and the KL, so those positions add nothing to ratios or KLs."""
 
+LATENT_LENGTH = "latent_length"
+"""The :class:`Cond` key of each sample's own length ``[B]`` (long) along dim 1 of the latents,
+for a family whose samples differ in length within a batch (speech with per-prompt durations).
+The batch's latents are padded to its longest; a sample's positions from its length on are
+padding and stay exactly 0: its initial noise (:meth:`FlowAdapter.initial_noise`) and the noise
+of its stochastic steps are drawn at its own length (the numbers a batch of that length alone
+draws) and padded with zeros, the family's velocity there is 0, and :data:`LOGPROB_WEIGHT` is 0
+there (and ``T / length`` on its own frames, so the mean over the padded latent is the mean over
+its own). Absent (every other family): every sample has the latents' full shape."""
+
 
 @dataclass
 class Cond:
@@ -134,6 +144,16 @@ class FlowAdapter(ABC):
     @abstractmethod
     def noise(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """Initial latents at sigma = 1, float32 on :attr:`device`, e.g. ``[n, C, h, w]``."""
+
+    def initial_noise(self, generators: list[torch.Generator], cond: Cond) -> torch.Tensor:
+        """Initial latents of a batch whose encodings are ``cond``, sample ``i`` drawn from
+        ``generators[i]`` alone (rollouts and evaluation draw through this).
+
+        The default concatenates :meth:`noise` ``(1, generators[i])`` and does not read
+        ``cond``. A family whose sample shape follows its prompt overrides it: such a shape is
+        known only once the prompt is encoded (the speech families' per-prompt durations, see
+        :data:`LATENT_LENGTH`)."""
+        return torch.cat([self.noise(1, g) for g in generators])
 
     @abstractmethod
     def schedule(self, num_steps: int) -> torch.Tensor:

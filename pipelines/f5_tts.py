@@ -9,9 +9,19 @@ checkpoints are not diffusers pipelines: a folder (or hub repo) holds ``model_*.
 (``F5TTS_v1_Base`` by default). Audio is 24 kHz, decoded from the mel by Vocos.
 
 Latents are the mel itself, ``[B, T, n_mels]`` (100 channels, 256-sample hop: 93.75 frames per
-second), ``T = P + round(audio_duration * 93.75)``; every sample of an adapter has the same
-length (the framework draws noise before it sees prompts), so set ``audio_duration`` for the
-longest prompt (:meth:`F5TTSAdapter.estimate_seconds` is F5's own length rule).
+second), ``T = P + round(audio_duration * 93.75)`` for every sample; or, with ``audio_duration:
+per_prompt``, each prompt its own length: its metadata's ``duration`` (seconds), else F5's own
+rule (:meth:`F5TTSAdapter.estimate_frames`: the reference's frames per UTF-8 byte of its
+transcript times the text's bytes). A batch is then padded to its longest sample
+(:mod:`pipelines.lengths`). F5's DiT takes a frame mask, which its text and convolutional
+position embeddings honour, but its shipped configs switch the attention mask off
+(``attn_mask_enabled: False``), so padded frames would reach the others through attention (as
+in ``CFM.sample`` with a batch of several durations; F5's own inference generates one text at a
+time). The velocity therefore runs each group of equally long samples at its own length, with
+no mask (one DiT call per distinct length: a GRPO group shares its prompt, so a batch has few),
+which is ``CFM.sample`` of that sample alone, and is 0 on the padding. The condition carries the
+lengths and :data:`~pipelines.base.LOGPROB_WEIGHT` 0 on the padding; :meth:`F5TTSAdapter.decode`
+vocodes each sample at its own length.
 
 Model units: F5's time is ``t = 1 - sigma`` (its ``t = 0`` is noise) and it predicts
 ``x_data - noise``, so our velocity is ``v = -pred``. The schedule is ``CFM.sample``'s: the
@@ -48,7 +58,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .base import LOGPROB_WEIGHT, Cond, FlowAdapter, PeftLoraFiles, register
+from .base import LATENT_LENGTH, LOGPROB_WEIGHT, Cond, FlowAdapter, PeftLoraFiles, register
+from .lengths import (
+    DURATION_KEY,
+    check_audio_duration,
+    decode_by_length,
+    length_condition,
+    length_groups,
+    metadata_seconds,
+    pad_frames,
+    padded_length,
+)
 
 VOCOS_ID = "charactr/vocos-mel-24khz"
 DEFAULT_CONFIG = "F5TTS_v1_Base"
@@ -307,7 +327,9 @@ class F5TTSAdapter(PeftLoraFiles, FlowAdapter):
             waveform ``[samples]`` / ``[1, samples]`` at the model's rate.
         ref_mel: reference voice as a log-mel ``[frames, n_mels]`` (what ``CFM.sample`` takes).
         ref_text: the reference's transcript (required with a reference; no ASR here).
-        audio_duration: seconds of generated speech per sample (after the reference).
+        audio_duration: seconds of generated speech per sample (after the reference), or
+            ``"per_prompt"``: each prompt's metadata ``duration`` (seconds), else F5's length
+            rule (:meth:`estimate_frames`, which needs a reference voice).
         sway_coef: sway sampling coefficient in [-1, 1] (F5's default -1), or ``None``.
         use_epss: F5's empirically pruned step grids for 5, 6, 7, 10, 12 and 16 steps.
         target_rms: quieter reference audio is raised to this RMS and the output scaled back.
@@ -332,7 +354,7 @@ class F5TTSAdapter(PeftLoraFiles, FlowAdapter):
         ref_audio: str | Path | torch.Tensor | None = None,
         ref_mel: torch.Tensor | None = None,
         ref_text: str = "",
-        audio_duration: float = 5.0,
+        audio_duration: float | str = 5.0,
         sway_coef: float | None = -1.0,
         use_epss: bool = True,
         target_rms: float = TARGET_RMS,
@@ -347,8 +369,7 @@ class F5TTSAdapter(PeftLoraFiles, FlowAdapter):
         if sum(x is not None for x in (path_or_id, model, pipeline)) != 1:
             raise ValueError("f5_tts: give one of a checkpoint folder / hub id, model= or "
                              "pipeline=")
-        if not audio_duration > 0:
-            raise ValueError(f"f5_tts: audio_duration must be > 0 seconds, got {audio_duration}")
+        seconds = check_audio_duration("f5_tts", audio_duration)
         if sway_coef is not None and not -1.0 <= sway_coef <= 1.0:
             raise ValueError(f"f5_tts: sway_coef must be in [-1, 1] or None, got {sway_coef}")
         if ref_audio is not None and ref_mel is not None:
@@ -378,7 +399,10 @@ class F5TTSAdapter(PeftLoraFiles, FlowAdapter):
         self.sample_rate = int(mel.target_sample_rate)
         self.hop_length = int(mel.hop_length)
         self.n_mels = int(pipe.model.num_channels)
-        self.audio_duration = float(audio_duration)
+        self.audio_duration = seconds  # None: per prompt
+        if seconds is None:  # a sample's length is part of its condition, padded to the batch's
+            self.condition_keys = (DURATION_KEY,)
+            self.per_prompt_encoding = False
         self.sway_coef = sway_coef
         self.use_epss = use_epss
         self.target_rms = float(target_rms)
@@ -422,9 +446,24 @@ class F5TTSAdapter(PeftLoraFiles, FlowAdapter):
         """``P``, the reference voice's mel frames (0 without one)."""
         return int(self.ref_mel.shape[0])
 
-    def num_frames(self) -> int:
-        """``T = P + round(audio_duration * sample_rate / hop)``."""
-        return self.ref_frames + max(1, round(self.audio_duration * self.sample_rate
+    @property
+    def per_prompt(self) -> bool:
+        """Whether each prompt has its own length (``audio_duration: per_prompt``)."""
+        return self.audio_duration is None
+
+    def num_frames(self, prompt: str | None = None, meta: dict | None = None) -> int:
+        """``T = P + round(seconds * sample_rate / hop)``, ``seconds`` the ``audio_duration``;
+        per prompt, its metadata's ``duration``, else ``P +`` :meth:`estimate_frames`."""
+        seconds = self.audio_duration
+        if self.per_prompt:
+            seconds = metadata_seconds("f5_tts", meta)
+            if seconds is None:
+                if prompt is None:
+                    raise ValueError("f5_tts: with audio_duration: per_prompt a sample's length "
+                                     "comes from its prompt; draw with initial_noise(generators, "
+                                     "cond)")
+                return self.ref_frames + max(1, self.estimate_frames(prompt))
+        return self.ref_frames + max(1, round(seconds * self.sample_rate
                                               / self.hop_length))
 
     @torch.no_grad()
@@ -460,44 +499,79 @@ class F5TTSAdapter(PeftLoraFiles, FlowAdapter):
             return utils.list_str_to_tensor([text])[0]
         return utils.list_str_to_idx(utils.convert_char_to_pinyin([text]), vocab)[0]
 
-    def estimate_seconds(self, prompt: str, speed: float = 1.0) -> float:
-        """F5's length rule for ``prompt``: the reference's frames per UTF-8 byte of its
-        transcript times the prompt's bytes (``speed`` 0.3 for prompts under 10 bytes)."""
+    def _rule(self, prompt: str, speed: float) -> float:
+        """F5's length rule (``infer_batch_process``) in frames after the reference, unrounded:
+        the reference's frames per UTF-8 byte of its transcript times the prompt's bytes, at
+        ``speed`` (0.3 for prompts under 10 bytes)."""
         if not self.ref_frames:
-            raise ValueError("f5_tts: F5's length rule needs a reference voice")
+            raise ValueError("f5_tts: F5's length rule needs a reference voice; give each prompt "
+                             "a duration in its metadata or set audio_duration")
         size = len(prompt.encode("utf-8"))
         speed = 0.3 if size < 10 else speed
         ref_bytes = len(f5_text(self.ref_text, "").encode("utf-8"))
-        return self.ref_frames / ref_bytes * size / speed * self.hop_length / self.sample_rate
+        return self.ref_frames / ref_bytes * size / speed
+
+    def estimate_frames(self, prompt: str, speed: float = 1.0) -> int:
+        """F5's length rule in frames after the reference, rounded down as F5 rounds it
+        (``int(P / ref_bytes * bytes / speed)``)."""
+        return int(self._rule(prompt, speed))
+
+    def estimate_seconds(self, prompt: str, speed: float = 1.0) -> float:
+        """F5's length rule for ``prompt`` in seconds (:meth:`estimate_frames` unrounded)."""
+        return self._rule(prompt, speed) * self.hop_length / self.sample_rate
 
     # ----------------------------------------------------------------------------------------
     # the adapter interface
 
-    @torch.no_grad()
     def encode(self, prompts: list[str]) -> Cond:
+        """:meth:`encode_inputs` without metadata (per prompt: the lengths from the text)."""
+        return self.encode_inputs(prompts)
+
+    @torch.no_grad()
+    def encode_inputs(self, prompts: list[str], metadata: list[dict] | None = None) -> Cond:
         """Token ids ``text [B, T]`` (``-1`` after the text, as F5 pads) and, with a reference
-        voice, the per-frame :data:`LOGPROB_WEIGHT` ``[B, T, 1]`` (0 on its frames)."""
-        frames = self.num_frames()
+        voice, the per-frame :data:`LOGPROB_WEIGHT` ``[B, T, 1]`` (0 on its frames). Per
+        prompt, also each sample's frames :data:`LATENT_LENGTH` ``[B]`` (from its metadata's
+        ``duration`` or F5's rule, at least its tokens plus one as ``CFM.sample`` makes it),
+        ``T`` the longest, and the weight 0 on the padding too."""
+        metadata = metadata if metadata is not None else [{} for _ in prompts]
+        tokens = [self.tokens(p) for p in prompts]
+        lengths = [self.num_frames(p, m) for p, m in zip(prompts, metadata)]
+        if self.per_prompt:  # CFM.sample's floor: at least the text plus one frame
+            lengths = [max(n, ids.numel() + 1) for n, ids in zip(lengths, tokens)]
+        frames = max(lengths)
         text = torch.full((len(prompts), frames), -1, dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            ids = self.tokens(prompt)
+        for i, (prompt, ids) in enumerate(zip(prompts, tokens)):
             if ids.numel() >= frames:
                 raise ValueError(f"f5_tts: {prompt[:40]!r}... needs {ids.numel() + 1} frames "
                                  f"but samples have {frames}; raise audio_duration")
             text[i, : ids.numel()] = ids
         tensors = {"text": text.to(self.device)}
-        if self.ref_frames:
+        if self.per_prompt:
+            tensors.update(length_condition(lengths, self.ref_frames, self.device))
+        elif self.ref_frames:
             weight = torch.ones(len(prompts), frames, 1, device=self.device)
             weight[:, : self.ref_frames] = 0.0
             tensors[LOGPROB_WEIGHT] = weight
         return Cond(tensors)
 
-    def noise(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """``[n, T, n_mels]`` float32; with a seeded CPU generator, ``CFM.sample``'s draw."""
+    def noise(self, n: int, generator: torch.Generator | None = None,
+              frames: int | None = None) -> torch.Tensor:
+        """``[n, T, n_mels]`` float32 (``T = frames``, default :meth:`num_frames`); with a seeded
+        CPU generator, ``CFM.sample``'s draw."""
         from diffusers.utils.torch_utils import randn_tensor
 
-        shape = (n, self.num_frames(), self.n_mels)
+        shape = (n, frames or self.num_frames(), self.n_mels)
         return randn_tensor(shape, generator=generator, device=self.device, dtype=torch.float32)
+
+    def initial_noise(self, generators: list[torch.Generator], cond: Cond) -> torch.Tensor:
+        """Per prompt: each sample's :meth:`noise` at its own length (``CFM.sample``'s draw for
+        that duration), zero-padded to the batch's longest; otherwise the default."""
+        lengths = cond.tensors.get(LATENT_LENGTH)
+        if lengths is None:
+            return super().initial_noise(generators, cond)
+        parts = [self.noise(1, g, int(n)) for g, n in zip(generators, lengths.tolist())]
+        return pad_frames(parts, padded_length(cond))
 
     def schedule(self, num_steps: int) -> torch.Tensor:
         """``1 - t`` for ``CFM.sample``'s time grid (pruned steps or linspace, then sway)."""
@@ -514,13 +588,28 @@ class F5TTSAdapter(PeftLoraFiles, FlowAdapter):
     def velocity(
         self, x: torch.Tensor, sigma: torch.Tensor, cond: Cond, guidance: float
     ) -> torch.Tensor:
-        """``-pred`` ``[B, T, n_mels]``; with ``guidance > 1``, F5's CFG in one batched call."""
+        """``-pred`` ``[B, T, n_mels]``; with ``guidance > 1``, F5's CFG in one batched call.
+        Samples of per-prompt lengths: one call per distinct length, each group cut to its
+        length (the DiT's convolutions would read the padding), velocity 0 on the padding."""
         b, frames = x.shape[0], x.shape[1]
         sigma = torch.as_tensor(sigma, dtype=torch.float32, device=x.device).expand(b)
+        text = cond.tensors["text"]
+        lengths = cond.tensors.get(LATENT_LENGTH)
+        if lengths is None or bool((lengths == frames).all()):
+            return self._velocity(x, sigma, text, guidance)
+        out = x.new_zeros(x.shape, dtype=self.dtype)
+        for n, rows in length_groups(lengths.to(x.device)):
+            out[rows, :n] = self._velocity(x[rows, :n], sigma[rows], text[rows, :n], guidance)
+        return out
+
+    def _velocity(self, x: torch.Tensor, sigma: torch.Tensor, text: torch.Tensor,
+                  guidance: float) -> torch.Tensor:
+        """One DiT call on ``x [b, T, n_mels]`` at ``sigma [b]``: ``-pred``."""
+        b, frames = x.shape[0], x.shape[1]
         mel = self.ref_mel.to(device=x.device, dtype=self.dtype)
         step_cond = F.pad(mel, (0, 0, 0, frames - mel.shape[0]))[None].expand(b, -1, -1)
         pred = self.transformer(
-            x=x.to(self.dtype), cond=step_cond, text=cond.tensors["text"],
+            x=x.to(self.dtype), cond=step_cond, text=text,
             time=(1.0 - sigma).to(self.dtype), mask=None, cfg_infer=guidance > 1.0, cache=False,
         )
         if guidance > 1.0:  # [cond; null] from one call
@@ -531,11 +620,18 @@ class F5TTSAdapter(PeftLoraFiles, FlowAdapter):
     @torch.no_grad()
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         """Mel ``[B, T, n_mels]`` -> waveform ``[B, 1, samples]`` in [-1, 1], the reference
-        frames dropped, scaled back by :attr:`gain` as F5 does."""
+        frames dropped, scaled back by :attr:`gain` as F5 does. Per prompt, each sample is
+        vocoded at its own length (its frames before the zero padding) and its waveform padded
+        with silence to the batch's longest."""
         vocoder = self.pipeline.get_vocoder()  # on the DiT's device
-        mel = x[:, self.ref_frames:].float().transpose(1, 2).to(self.device)
-        audio = vocoder.decode(mel).clone() * self.gain  # clone: out of inference mode
-        return audio.reshape(x.shape[0], 1, -1).float().clamp(-1, 1)
+
+        def vocode(z: torch.Tensor) -> torch.Tensor:
+            mel = z.float().transpose(1, 2).to(self.device)
+            audio = vocoder.decode(mel).clone() * self.gain  # clone: out of inference mode
+            return audio.reshape(z.shape[0], 1, -1).float().clamp(-1, 1)
+
+        generated = x[:, self.ref_frames:]
+        return decode_by_length(generated, vocode) if self.per_prompt else vocode(generated)
 
     def position_weights(self, regions: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
         """Scores over the generated audio's time ``[B, n]`` (or ``[B, f, n]``, averaged over

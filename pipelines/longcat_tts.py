@@ -17,6 +17,16 @@ a velocity that depends on earlier steps cannot be replayed step by step.
 Prompts are padded to the longest of the batch and a ConvNeXt runs over the padded text, so an
 encoding depends on its batch (``per_prompt_encoding = False``).
 
+Durations: ``audio_duration`` seconds for every sample, or ``"per_prompt"``: each prompt its own
+length, its metadata's ``duration`` (seconds) or else the pipeline's own estimate from the
+normalised text (``_approx_duration_from_text``: 0.082 s per English character, 0.21 s per
+Chinese one), in frames as the pipeline counts them (``int(seconds * rate // 2048)``, at least
+1, at most 30 s). A batch is padded to its longest sample (:mod:`pipelines.lengths`): the
+transformer takes a frame mask (``attention_mask``: self-attention keys, the embeddings and the
+output are masked), so a sample's velocity is the one a batch of its length alone gives, 0 on
+the padding; the condition carries the lengths and :data:`~pipelines.base.LOGPROB_WEIGHT` 0 on
+the padding, and :meth:`LongCatTTSAdapter.decode` decodes each sample at its own length.
+
 Voice prompts (voice cloning): the diffusers pipeline does not expose them, but its transformer
 takes the reference implementation's conditioning input ``latent_cond``. With ``voice_prompt`` (a
 WAV file or waveform) and its transcript ``voice_prompt_text``, this adapter does what the
@@ -44,12 +54,22 @@ import torch
 import torch.nn.functional as F
 
 from .base import (
+    LATENT_LENGTH,
     LOGPROB_WEIGHT,
     Cond,
     FlowAdapter,
     PeftLoraFiles,
     load_pipeline,
     register,
+)
+from .lengths import (
+    DURATION_KEY,
+    check_audio_duration,
+    decode_by_length,
+    length_condition,
+    metadata_seconds,
+    pad_frames,
+    padded_length,
 )
 
 PROMPT_PAD_FRAMES = 3
@@ -70,9 +90,9 @@ class LongCatTTSAdapter(PeftLoraFiles, FlowAdapter):
 
     Args:
         path_or_id: hub id (``ruixiangma/LongCat-AudioDiT-1B-Diffusers``) or local folder.
-        audio_duration: seconds of generated speech per sample (one length for every sample, as
-            the pipeline uses one length per batch). The pipeline's own estimate for English is
-            0.082 s per character; set this to cover the longest prompt.
+        audio_duration: seconds of generated speech per sample (one length for every sample),
+            or ``"per_prompt"``: each prompt's metadata ``duration`` (seconds), else the
+            pipeline's estimate from its text (0.082 s per English character).
         voice_prompt: a WAV file (or a ``[samples]`` / ``[1, samples]`` waveform at the VAE's
             sample rate) whose voice the speech takes; ``None``: no voice prompt.
         voice_prompt_text: the transcript of ``voice_prompt`` (required with it).
@@ -92,7 +112,7 @@ class LongCatTTSAdapter(PeftLoraFiles, FlowAdapter):
         self,
         path_or_id: str | None = None,
         *,
-        audio_duration: float = 5.0,
+        audio_duration: float | str = 5.0,
         voice_prompt: str | torch.Tensor | None = None,
         voice_prompt_text: str = "",
         negative_prompt: str = "",
@@ -102,9 +122,7 @@ class LongCatTTSAdapter(PeftLoraFiles, FlowAdapter):
     ) -> None:
         from diffusers import LongCatAudioDiTPipeline
 
-        if not audio_duration > 0:
-            raise ValueError(f"longcat_tts: audio_duration must be > 0 seconds, got "
-                             f"{audio_duration}")
+        seconds = check_audio_duration("longcat_tts", audio_duration)
         if negative_prompt:
             raise ValueError("longcat_tts: guidance is against the zero text embedding (the "
                              "pipeline's default); model.negative_prompt is not supported")
@@ -118,7 +136,9 @@ class LongCatTTSAdapter(PeftLoraFiles, FlowAdapter):
         self.sample_rate = int(pipeline.sample_rate)
         self.hop = int(pipeline.vae_scale_factor)
         self.latent_dim = int(pipeline.latent_dim)
-        self.audio_duration = float(audio_duration)
+        self.audio_duration = seconds  # None: per prompt
+        if seconds is None:  # a sample's length is part of its condition
+            self.condition_keys = (DURATION_KEY,)
         self.voice_prompt_text = normalize_text(voice_prompt_text)
         self.prompt_latent = (None if voice_prompt is None
                               else self.encode_voice_prompt(voice_prompt))
@@ -131,9 +151,33 @@ class LongCatTTSAdapter(PeftLoraFiles, FlowAdapter):
         """``P``, the voice prompt's latent frames (0 without one)."""
         return 0 if self.prompt_latent is None else int(self.prompt_latent.shape[1])
 
-    def num_frames(self) -> int:
-        """``T``: the voice prompt's frames plus the generated ones, at most the model's 30 s."""
-        generated = int(self.audio_duration * self.sample_rate // self.hop)
+    @property
+    def per_prompt(self) -> bool:
+        """Whether each prompt has its own length (``audio_duration: per_prompt``)."""
+        return self.audio_duration is None
+
+    def seconds(self, prompt: str | None = None, meta: dict | None = None) -> float:
+        """Seconds of speech generated for ``prompt``: ``audio_duration``; per prompt, its
+        metadata's ``duration``, else the pipeline's estimate from the normalised text."""
+        if not self.per_prompt:
+            return self.audio_duration
+        given = metadata_seconds("longcat_tts", meta)
+        if given is not None:
+            return given
+        if prompt is None:
+            raise ValueError("longcat_tts: with audio_duration: per_prompt a sample's length "
+                             "comes from its prompt; encode it first (initial_noise)")
+        from diffusers.pipelines.longcat_audio_dit.pipeline_longcat_audio_dit import (
+            _approx_duration_from_text,
+        )
+
+        return _approx_duration_from_text(normalize_text(prompt),
+                                          float(self.pipeline.max_wav_duration))
+
+    def num_frames(self, prompt: str | None = None, meta: dict | None = None) -> int:
+        """``T``: the voice prompt's frames plus the generated ones (``int(seconds * rate //
+        2048)``, at least 1, as the pipeline counts), at most the model's 30 s."""
+        generated = int(self.seconds(prompt, meta) * self.sample_rate // self.hop)
         limit = int(self.pipeline.max_wav_duration * self.sample_rate // self.hop)
         if self.prompt_frames + 1 > limit:
             raise ValueError(f"longcat_tts: the voice prompt fills the model's "
@@ -164,29 +208,50 @@ class LongCatTTSAdapter(PeftLoraFiles, FlowAdapter):
     # ----------------------------------------------------------------------------------------
     # the adapter interface
 
-    @torch.no_grad()
     def encode(self, prompts: list[str]) -> Cond:
+        """:meth:`encode_inputs` without metadata (per prompt: the lengths from the text)."""
+        return self.encode_inputs(prompts)
+
+    @torch.no_grad()
+    def encode_inputs(self, prompts: list[str], metadata: list[dict] | None = None) -> Cond:
         """UMT5 states ``[B, S, dim]`` and their mask ``[B, S]`` (the pipeline's encoding of the
         normalised text, with the voice prompt's transcript first); with a voice prompt, the
-        per-frame :data:`LOGPROB_WEIGHT` ``[B, T, 1]`` (0 on the prompt's frames)."""
+        per-frame :data:`LOGPROB_WEIGHT` ``[B, T, 1]`` (0 on the prompt's frames). Per prompt,
+        also each sample's frames :data:`LATENT_LENGTH` ``[B]`` (from its metadata's
+        ``duration`` or its text), ``T`` the longest, and the weight 0 on the padding too."""
         texts = [normalize_text(p) for p in prompts]
         if self.prompt_latent is not None:
             texts = [f"{self.voice_prompt_text} {t}" for t in texts]
         states, lengths = self.pipeline.encode_prompt(texts, self.device)
         mask = torch.arange(states.shape[1], device=self.device)[None] < lengths[:, None]
         tensors = {"encoder_hidden_states": states.to(self.dtype), "encoder_attention_mask": mask}
-        if self.prompt_latent is not None:
+        if self.per_prompt:
+            metadata = metadata if metadata is not None else [{} for _ in prompts]
+            frames = [self.num_frames(p, m) for p, m in zip(prompts, metadata)]
+            tensors.update(length_condition(frames, self.prompt_frames, self.device))
+        elif self.prompt_latent is not None:
             weight = torch.ones(len(prompts), self.num_frames(), 1, device=self.device)
             weight[:, : self.prompt_frames] = 0.0
             tensors[LOGPROB_WEIGHT] = weight
         return Cond(tensors)
 
-    def noise(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """``[n, T, D]`` float32, the draw ``LongCatAudioDiTPipeline.prepare_latents`` makes."""
+    def noise(self, n: int, generator: torch.Generator | None = None,
+              frames: int | None = None) -> torch.Tensor:
+        """``[n, T, D]`` float32 (``T = frames``, default :meth:`num_frames`), the draw
+        ``LongCatAudioDiTPipeline.prepare_latents`` makes."""
         from diffusers.utils.torch_utils import randn_tensor
 
-        shape = (n, self.num_frames(), self.latent_dim)
+        shape = (n, frames or self.num_frames(), self.latent_dim)
         return randn_tensor(shape, generator=generator, device=self.device, dtype=torch.float32)
+
+    def initial_noise(self, generators: list[torch.Generator], cond: Cond) -> torch.Tensor:
+        """Per prompt: each sample's :meth:`noise` at its own length, zero-padded to the
+        batch's longest; otherwise the default."""
+        lengths = cond.tensors.get(LATENT_LENGTH)
+        if lengths is None:
+            return super().initial_noise(generators, cond)
+        parts = [self.noise(1, g, int(n)) for g, n in zip(generators, lengths.tolist())]
+        return pad_frames(parts, padded_length(cond))
 
     def schedule(self, num_steps: int) -> torch.Tensor:
         """``linspace(1, 1/N, N)`` then 0: the pipeline's grid, no shift."""
@@ -202,7 +267,11 @@ class LongCatTTSAdapter(PeftLoraFiles, FlowAdapter):
         sigma = torch.as_tensor(sigma, dtype=torch.float32, device=x.device).expand(b)
         timestep = (1.0 - sigma).to(self.dtype)
         states, text_mask = t["encoder_hidden_states"], t["encoder_attention_mask"]
-        frame_mask = torch.ones(b, frames, dtype=torch.bool, device=x.device)
+        lengths = t.get(LATENT_LENGTH)  # per prompt: the transformer masks each one's padding
+        if lengths is None:
+            frame_mask = torch.ones(b, frames, dtype=torch.bool, device=x.device)
+        else:
+            frame_mask = torch.arange(frames, device=x.device)[None] < lengths[:, None]
         latent_cond = x.new_zeros(b, frames, self.latent_dim, dtype=self.dtype)
         p = self.prompt_frames
         if p:
@@ -235,10 +304,15 @@ class LongCatTTSAdapter(PeftLoraFiles, FlowAdapter):
     @torch.no_grad()
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         """Latents ``[B, T, D]`` -> waveform ``[B, 1, samples]`` in [-1, 1] (voice prompt frames
-        dropped)."""
+        dropped). Per prompt, each sample is decoded at its own length (its frames before the
+        zero padding) and its waveform padded with silence to the batch's longest."""
         vae = self.pipeline.vae
-        audio = vae.decode(x[:, self.prompt_frames:].to(vae.dtype).transpose(1, 2)).sample
-        return audio.float().clamp(-1, 1)
+
+        def vocode(z: torch.Tensor) -> torch.Tensor:
+            return vae.decode(z.to(vae.dtype).transpose(1, 2)).sample.float().clamp(-1, 1)
+
+        generated = x[:, self.prompt_frames:]
+        return decode_by_length(generated, vocode) if self.per_prompt else vocode(generated)
 
     def position_weights(self, regions: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
         """Scores over the generated audio's time ``[B, n]`` (or ``[B, f, n]``, e.g. a

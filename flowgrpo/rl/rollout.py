@@ -35,7 +35,7 @@ import torch
 import samplers
 from flowgrpo.registry import Registry
 from pipelines import Cond, FlowAdapter
-from pipelines.base import LOGPROB_WEIGHT
+from pipelines.base import LATENT_LENGTH, LOGPROB_WEIGHT
 
 SOLVERS = ("euler", "dpm2")
 
@@ -159,15 +159,28 @@ def solve(
 
 def step_noise(x: torch.Tensor, stochastic: torch.Tensor,
                generator: torch.Generator | list[torch.Generator] | None,
-               space: samplers.StateSpace = samplers.CONTINUOUS) -> torch.Tensor:
+               space: samplers.StateSpace = samplers.CONTINUOUS,
+               lengths: torch.Tensor | None = None) -> torch.Tensor:
     """The standard randomness of one step, shaped like ``x`` (the space's: normal for latents,
     uniform for tokens): from one generator for the whole batch, or from each stochastic
-    sample's own generator (zeros for the others)."""
+    sample's own generator (zeros for the others).
+
+    With ``lengths`` (the condition's :data:`~pipelines.base.LATENT_LENGTH`, ``[B]``), sample
+    ``i``'s noise is drawn at its own length along dim 1 (as in a batch of that length alone)
+    and is 0 on its padding."""
     if not isinstance(generator, (list, tuple)):
-        return space.noise(x.shape, generator, x.device)
+        noise = space.noise(x.shape, generator, x.device)
+        if lengths is not None:
+            inside = torch.arange(x.shape[1], device=x.device)[None] < lengths.to(x.device)[:, None]
+            noise = noise * inside.reshape(*inside.shape, *([1] * (x.ndim - 2)))
+        return noise
     noise = torch.zeros(x.shape, device=x.device, dtype=torch.float32)
     for i in stochastic.nonzero().flatten().tolist():
-        noise[i] = space.noise(x.shape[1:], generator[i], x.device)
+        if lengths is None:
+            noise[i] = space.noise(x.shape[1:], generator[i], x.device)
+        else:
+            n = int(lengths[i])
+            noise[i, :n] = space.noise((n, *x.shape[2:]), generator[i], x.device)
     return noise
 
 
@@ -200,6 +213,8 @@ def rollout(
     """
     velocity = model_velocity(adapter, cond, spec.guidance, spec.autocast)
     weight = cond.tensors.get(LOGPROB_WEIGHT)  # positions the model does not generate: 0
+    lengths = cond.tensors.get(LATENT_LENGTH)  # samples of their own length draw at it
+    at_length = {} if lengths is None else {"lengths": lengths}
     ode, dtype = samplers.build("ode"), spec.storage_dtype
     space = adapter.state_space
     trained = trained.to(noise.device).long().sort(dim=1).values
@@ -225,7 +240,7 @@ def rollout(
         drawn = torch.ones_like(stochastic) if space.random_every_step else stochastic
         if bool(drawn.any()):
             tr = spec.sampler.transition(v, x, float(s), float(s_next), velocity_fn=velocity)
-            x_new = tr.sample(noise=step_noise(x, drawn, generator, space))
+            x_new = tr.sample(noise=step_noise(x, drawn, generator, space, **at_length))
             x_new = space.store(x_new, dtype)
             if bool(stochastic.any()):
                 lp = tr.log_prob(x_new, weight=weight)

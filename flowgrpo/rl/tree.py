@@ -71,7 +71,7 @@ from flowgrpo.rl.rollout import (
     step_noise,
 )
 from pipelines import Cond, FlowAdapter
-from pipelines.base import LOGPROB_WEIGHT
+from pipelines.base import LATENT_LENGTH, LOGPROB_WEIGHT
 
 WIDTH_MODES = (0, 1, 2)
 
@@ -175,6 +175,8 @@ class TreeRollout:
         members = tree_members(groups.cpu())
         self.check(members, sigmas, trained, spec)
         weight = cond.tensors.get(LOGPROB_WEIGHT)
+        lengths = cond.tensors.get(LATENT_LENGTH)  # samples of their own length draw at it
+        at_length = {} if lengths is None else {"lengths": lengths}
         ode, dtype, space = samplers.build("ode"), spec.storage_dtype, adapter.state_space
         rep = representatives(members, self.factor, 0, batch).to(device)
         x = space.store(noise[rep], dtype)
@@ -198,7 +200,7 @@ class TreeRollout:
             here, drawn = here_all[children], drawn_all[children]
             stochastic = here.any(1)
             if bool(drawn.any()):
-                eps = step_noise(x, drawn_all, generator, space)[children]
+                eps = step_noise(x, drawn_all, generator, space, **at_length)[children]
                 if branch:
                     eps = eps * self.noise_scale
                 child_velocity = model_velocity(adapter, cond.index(children), spec.guidance,

@@ -12,10 +12,13 @@ steps (an old-policy forward and a training forward) per sample.
 
 from __future__ import annotations
 
+import torch
+
 from flowgrpo import seeding
 from flowgrpo.rl import enhancers
 from flowgrpo.rl.batch import RolloutBatch
 from flowgrpo.rl.session import ModelSession, Score
+from pipelines.base import LATENT_LENGTH
 
 
 class Views:
@@ -48,8 +51,14 @@ class Views:
             return
         captions = self.captions(batch.prompts, iteration)
         media = session.decode(batch.traj.final.float())
+        lengths = batch.traj.cond.tensors.get(LATENT_LENGTH)
         for prompts in captions[1:]:
-            batch.views.append(session.encode(prompts, batch.metadata, cache=False))
+            view = session.encode(prompts, batch.metadata, cache=False)
+            if lengths is not None and not torch.equal(view.tensors.get(LATENT_LENGTH), lengths):
+                raise ValueError("train.views: a view's caption gives its samples other lengths "
+                                 "than they were generated with (this family's length follows "
+                                 "the text); give each prompt a 'duration' in its metadata")
+            batch.views.append(view)
             batch.view_rewards.append(score(media, prompts, batch.metadata))
         batch.info["views/reward_spread"] = float(
             sum((o.scores.float() - batch.reward.scores.float()).abs().mean()

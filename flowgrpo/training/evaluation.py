@@ -11,6 +11,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
+import torch.nn.functional as F
 
 import samplers
 from flowgrpo.config.schema import Config
@@ -30,13 +31,11 @@ def eval_items(prompts: list[Prompt], per_prompt: int) -> list[tuple[str, dict, 
             for i, (p, m) in enumerate(prompts) for j in range(per_prompt)]
 
 
-def fixed_noise(adapter: FlowAdapter, seeds: list[int]) -> torch.Tensor:
-    """Initial latents, one generator per image (batch-independent)."""
-    out = []
-    for seed in seeds:
-        gen = torch.Generator(adapter.device).manual_seed(seed)
-        out.append(adapter.noise(1, gen))
-    return torch.cat(out)
+def fixed_noise(adapter: FlowAdapter, seeds: list[int], cond: Cond) -> torch.Tensor:
+    """Initial latents of the images encoded as ``cond``, one generator per image
+    (batch-independent)."""
+    gens = [torch.Generator(adapter.device).manual_seed(seed) for seed in seeds]
+    return adapter.initial_noise(gens, cond)
 
 
 @torch.no_grad()
@@ -69,7 +68,8 @@ def generate(
     metadata = metadata if metadata is not None else [{} for _ in prompts]
     out = []
     for sl in chunks(len(prompts), batch_size):
-        noise, cond = fixed_noise(adapter, seeds[sl]), encode(prompts[sl], metadata[sl])
+        cond = encode(prompts[sl], metadata[sl])
+        noise = fixed_noise(adapter, seeds[sl], cond)
         if sampler is None or not sampler.is_stochastic:
             final = solve(adapter, noise, sigmas, cond, guidance, autocast=autocast)
         elif space.random_every_step:  # every step a draw from the image's own stream
@@ -85,6 +85,10 @@ def generate(
             final = rollout(adapter, RolloutSpec(sampler, guidance, autocast=autocast), cond,
                             noise, sigmas, trained, generator=gen).final
         out.append(adapter.decode(final))
+    if adapter.modality == "audio":  # chunks of per-prompt lengths: silence after the shorter
+        longest = max(m.shape[-1] for m in out)
+        out = [F.pad(m, (0, longest - m.shape[-1])) if m.shape[-1] < longest else m
+               for m in out]
     return torch.cat(out)
 
 

@@ -151,7 +151,7 @@ class Trainer:
         with self.session.offloaded(("vae",)), self.objective.sampling():
             for sl in chunks(len(texts), size):
                 cond = cond_all.index(sl)
-                noise = torch.cat([self.adapter.noise(1, g) for g in gens[sl]])
+                noise = self.adapter.initial_noise(gens[sl], cond)
                 traj = self.rollout(self.adapter, self.spec, cond, noise, sigmas, trained[sl],
                                     generator=gens[sl], groups=groups[sl])
                 media = self.session.decode(traj.final)

@@ -25,7 +25,7 @@ from flowgrpo.rl.replay import replay_step
 from flowgrpo.rl.rollout import RolloutSpec, rollout
 from flowgrpo.testing import check_family_contract
 from helpers.family_cases import euler_rollout as shared_euler_rollout
-from pipelines.base import LOGPROB_WEIGHT  # noqa: E402
+from pipelines.base import LATENT_LENGTH, LOGPROB_WEIGHT  # noqa: E402
 from pipelines.f5_tts import (  # noqa: E402
     F5TTSAdapter,
     F5TTSPipeline,
@@ -113,6 +113,58 @@ def test_euler_rollout_matches_cfm_sample(guidance, steps, sway, epss):
     # sample() overwrites the reference frames with the reference; decode drops them
     assert torch.equal(out[:, :REF_FRAMES], ref_mel()[None])
     assert (ours - x).abs().max() > 1e-1
+
+
+# each prompt's metadata for per-prompt durations: F5's rule from the text (here its floor, the
+# text plus one frame, as CFM.sample makes it), or seconds after the reference
+PER_PROMPT = {"rule": [{}, {}], "metadata": [{"duration": 0.4}, {"duration": 0.6}]}
+
+
+def seeded(*seeds: int) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(s) for s in seeds]
+
+
+def euler_from(adapter: F5TTSAdapter, x: torch.Tensor, cond, guidance: float,
+               steps: int = STEPS) -> torch.Tensor:
+    """The Euler ODE from ``x`` under the encoding ``cond`` (with its lengths)."""
+    sigmas = adapter.schedule(steps)
+    with torch.no_grad():
+        for k in range(steps):
+            v = adapter.velocity(x, sigmas[k].expand(x.shape[0]), cond, guidance).float()
+            x = x + (sigmas[k + 1] - sigmas[k]) * v
+    return x
+
+
+@pytest.mark.parametrize("source", list(PER_PROMPT))
+@pytest.mark.parametrize("guidance", [1.0, 3.0])
+def test_per_prompt_lengths_match_cfm_sample_at_each_length(guidance, source):
+    """One Euler rollout of both prompts at their own lengths, padded to the longer, gives each
+    sample what ``CFM.sample`` gives that prompt alone at that duration (its own length rule
+    without a duration, the same seed)."""
+    adapter = make(audio_duration="per_prompt")
+    f5 = import_f5()
+    cond = adapter.encode_inputs(PROMPTS, PER_PROMPT[source])
+    lengths = cond.tensors[LATENT_LENGTH].tolist()
+    assert lengths[0] != lengths[1]
+    if source == "metadata":
+        assert lengths == [REF_FRAMES + round(d["duration"] * 24000 / 256)
+                           for d in PER_PROMPT[source]] == [44, 62]
+    x = adapter.initial_noise(seeded(7, 8), cond)
+    ours = euler_from(adapter, x, cond, guidance)
+    for i, prompt in enumerate(PROMPTS):
+        text = f5.utils.convert_char_to_pinyin([f5_text(REF_TEXT, prompt)])
+        duration = (lengths[i] if source == "metadata"
+                    else REF_FRAMES + adapter.estimate_frames(prompt))
+        _, trajectory = adapter.pipeline.model.sample(
+            cond=ref_mel()[None], text=text, duration=duration, steps=STEPS,
+            cfg_strength=guidance - 1.0, sway_sampling_coef=-1.0, use_epss=True, seed=7 + i)
+        assert trajectory[-1].shape[1] == lengths[i]
+        assert torch.equal(trajectory[0][0], x[i, :lengths[i]])  # CFM.sample's draw, padded
+        diff = (ours[i, :lengths[i]] - trajectory[-1][0]).abs().max().item()
+        print(f"parity f5_tts per prompt ({source}), {lengths[i]} frames, guidance {guidance}: "
+              f"max abs diff {diff:.3g}")
+        assert diff <= TOL and ours[i, lengths[i]:].eq(0).all()
+        assert (ours[i, :lengths[i]] - trajectory[0][0]).abs().max() > 1e-1
 
 
 def test_schedule_is_f5s_grid():
@@ -360,3 +412,210 @@ def test_family_contract(tmp_path):
     voice = save_wav(0.3 * torch.sin(2 * math.pi * 180 * t)[None], 24000, tmp_path / "voice.wav")
     check_family_contract("f5_tts", folder, {"ref_audio": str(voice), "ref_text": "hi there",
                                              "audio_duration": 0.4}, tmp_path)
+
+
+# ------------------------------------------------------------------ per-prompt durations
+# (docs/adapters.md, "Speech families: per-prompt durations"; without the package:
+# tests/families/test_f5_tts_lengths.py)
+
+def rolled(adapter: F5TTSAdapter, durations: list[float], sampler: str, guidance: float = 3.0):
+    """A ``sampler`` rollout of :data:`PROMPTS` with these metadata durations, sample ``i`` from
+    seed ``i``, trained at steps 0 and 1 of 4."""
+    cond = adapter.encode_inputs(PROMPTS, [{"duration": d} for d in durations])
+    spec = RolloutSpec(samplers.get(sampler, noise_level=0.7), guidance=guidance)
+    trained = torch.tensor([[0, 1], [0, 1]])
+    with torch.no_grad():
+        return rollout(adapter, spec, cond, adapter.initial_noise(seeded(0, 1), cond),
+                       adapter.schedule(4), trained, seeded(0, 1))
+
+
+@pytest.mark.parametrize("sampler", ["sde", "cps"])
+def test_a_batch_of_two_lengths_equals_each_length_alone(sampler):
+    """Sample 0 of a batch of 38 and 56 generated frames has the latents and log-probs it has in
+    a batch where every sample has 38 frames, sample 1 those of a batch of 56; its padding
+    stays exactly 0 and decodes to silence."""
+    adapter = make(audio_duration="per_prompt")
+    mixed = rolled(adapter, [0.4, 0.6], sampler)
+    lengths = mixed.cond.tensors[LATENT_LENGTH].tolist()
+    assert lengths == [REF_FRAMES + 38, REF_FRAMES + 56]
+    weight = mixed.cond.tensors[LOGPROB_WEIGHT][0, :, 0]
+    assert weight[:REF_FRAMES].eq(0).all() and weight[lengths[0]:].eq(0).all()
+    torch.testing.assert_close(weight[REF_FRAMES:lengths[0]], torch.full((38,), 62 / 44))
+    audio = adapter.decode(mixed.final)
+    for i, alone in enumerate([rolled(adapter, [0.4] * 2, sampler),
+                               rolled(adapter, [0.6] * 2, sampler)]):
+        n = lengths[i]
+        assert alone.latents.shape[2] == n
+        assert (mixed.latents[i, :, :n] - alone.latents[i]).abs().max() <= TOL
+        assert mixed.latents[i, :, n:].eq(0).all()
+        assert (mixed.log_probs[i] - alone.log_probs[i]).abs().max() <= TOL
+        own = adapter.decode(alone.final)[i]
+        assert (audio[i, :, :own.shape[-1]] - own).abs().max() <= TOL
+        assert audio[i, :, own.shape[-1]:].eq(0).all()
+    assert audio.shape == (2, 1, 56 * 256)
+    assert (mixed.log_probs[0] - mixed.log_probs[1]).abs().min() > 1e-4  # both are real
+
+
+def test_padded_frames_move_no_log_prob_or_kl():
+    """Replayed log-probs and KLs of a mixed batch do not change when its padding is moved (in
+    the state and in the stored next state); the ratio is 1 before any update."""
+    from peft import LoraConfig
+
+    from flowgrpo.rl.kl import exact_kl
+
+    adapter = make(audio_duration="per_prompt")
+    adapter.add_lora(LoraConfig(r=2, lora_alpha=2, target_modules=list(
+        adapter.default_lora_targets)))
+    with torch.no_grad():  # a policy away from the reference: the KL is not 0
+        for name, param in adapter.transformer.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(0))
+    traj = rolled(adapter, [0.4, 0.6], "sde")
+    n = int(traj.cond.tensors[LATENT_LENGTH][0])
+    sampler = samplers.get("sde", noise_level=0.7)
+    idx = torch.arange(2)
+
+    def replayed():
+        with torch.no_grad():
+            out = [replay_step(adapter, sampler, traj, idx, j, 3.0, kl=exact_kl)
+                   for j in range(2)]
+        return [r.log_prob for r in out], [r.kl for r in out]
+
+    logp, kl = replayed()
+    for j in range(2):
+        torch.testing.assert_close(logp[j], traj.log_probs[:, j], rtol=0, atol=1e-6)
+        assert (kl[j] > 1e-4).all()
+    traj.latents[0, :, n:] = torch.randn(traj.latents[0, :, n:].shape) * 5
+    moved_logp, moved_kl = replayed()
+    for j in range(2):
+        torch.testing.assert_close(moved_logp[j], logp[j], rtol=0, atol=1e-6)
+        torch.testing.assert_close(moved_kl[j], kl[j], rtol=0, atol=1e-6)
+    traj.latents[0, 2, n - 1] += 0.1  # its last own frame does count
+    with torch.no_grad():
+        assert (replay_step(adapter, sampler, traj, idx, 1, 3.0).log_prob[0]
+                - logp[1][0]).abs() > 1e-4
+
+
+def saved_model_and_voice(tmp_path):
+    """A saved tiny model and a 0.1 s reference voice (10 mel frames) for trainer runs."""
+    folder = tmp_path / "model"
+    tiny_pipeline().save_pretrained(folder)
+    t = torch.arange(2400) / 24000
+    voice = save_wav(0.3 * torch.sin(2 * math.pi * 180 * t)[None], 24000, tmp_path / "voice.wav")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "two dogs", "duration": 0.3}\n'
+                       '{"prompt": "a red cube", "duration": 0.5}\n')
+    options = {"ref_audio": str(voice), "ref_text": "hi there", "audio_duration": "per_prompt"}
+    return folder, options, prompts
+
+
+def energy():
+    """Mean audio value: a reward for any clip length."""
+    from reward_models import RewardOutput
+
+    return lambda media, prompts, metadata: RewardOutput(media.data.float().flatten(1).mean(1))
+
+
+@pytest.mark.parametrize(("objective", "kl"), [("ratio", "exact"), ("elbo", "velocity_mse")])
+def test_padded_frames_move_no_loss(objective, kl, tmp_path):
+    """Through the trainer, a batch of two durations: moving the padding of every stored latent
+    leaves the objective's loss and metrics (ratios, KL) unchanged, with the policy moved away
+    from the sampling one and the reference."""
+    from flowgrpo.config.io import from_dict
+    from flowgrpo.training.trainer import Trainer, canonical_advantages
+    from reward_models import REWARDS
+
+    folder, options, prompts = saved_model_and_voice(tmp_path)
+    config = {
+        "model": {"family": "f5_tts", "path": str(folder), "guidance": 3.0,
+                  "options": options, "lora_rank": 2, "lora_alpha": 2},
+        "reward": {"name": "energy"},
+        "data": {"prompts": str(prompts), "eval_images_per_prompt": 1},
+        "sampler": {"num_steps": 3},
+        "train": {"group_size": 2, "batch_size": 4, "beta": 0.1, "objective": objective,
+                  "kl": kl},
+        "run": {"epochs": 1, "output_dir": str(tmp_path / "run"), "progress": False,
+                "tensorboard": False},
+    }
+    with REWARDS.registered("energy", energy):
+        t = Trainer.from_config(from_dict(config))
+        batch = t.sample(0)
+        adv, _ = t.advantages(batch)
+    lengths = batch.traj.cond.tensors[LATENT_LENGTH]
+    p = t.adapter.ref_frames
+    assert sorted(set(lengths.tolist())) == [p + round(0.3 * 93.75), p + round(0.5 * 93.75)]
+    adv = canonical_advantages(adv, batch)  # [B, V, J, P], nonzero
+    batch.advantages = adv + torch.tensor([1.0, -1.0, 0.5, -0.5]).reshape(4, 1, 1, 1)
+    weights = [w.detach().clone() for w in t.params]
+    idx = torch.arange(4)
+
+    def losses():
+        """Prepared at the sampling weights, the loss of every unit at moved ones."""
+        with torch.no_grad():
+            for w, w0 in zip(t.params, weights):
+                w.copy_(w0)
+        state = t.objective.prepare(batch)
+        with torch.no_grad():
+            gen = torch.Generator().manual_seed(1)
+            for w in t.params:
+                w.add_(0.05 * torch.randn(w.shape, generator=gen))
+        out = [t.objective.loss(batch, state, idx, unit) for unit in t.objective.units(batch)]
+        return [(loss.item(), {k: float(v) for k, v in m.items()}) for loss, m in out]
+
+    before = losses()
+    assert any(m.get("train/kl", 0.0) > 1e-6 for _, m in before)
+    for i, n in enumerate(lengths.tolist()):
+        batch.traj.latents[i, :, n:] = 5 * torch.randn(batch.traj.latents[i, :, n:].shape)
+    for (loss, metrics), (moved, moved_metrics) in zip(before, losses()):
+        assert abs(loss - moved) <= 1e-6 * max(1.0, abs(loss))
+        for key, value in metrics.items():
+            assert abs(moved_metrics[key] - value) <= 1e-6 * max(1.0, abs(value)), key
+
+
+@pytest.mark.slow
+def test_family_contract_with_per_prompt_durations(tmp_path):
+    """The family contract with prompts of two durations in every batch."""
+    folder, options, prompts = saved_model_and_voice(tmp_path)
+    check_family_contract("f5_tts", folder, options, tmp_path, prompts=str(prompts))
+
+
+def test_the_recipe_gives_each_prompt_its_length(tmp_path):
+    """configs/tts_f5.yaml uses per-prompt durations: on a tiny model, two prompts of the
+    recipe's prompt set get F5's rule, each its own length."""
+    from flowgrpo.config.io import load_config
+    from flowgrpo.data.prompts import load_prompts
+    from flowgrpo.training.model_setup import load_adapter
+
+    folder, options, _ = saved_model_and_voice(tmp_path)
+    cfg = load_config("tts_f5", [f"model.path={folder}", "model.dtype=float32",
+                                 "model.mixed_precision=fp32", "model.options.subfolder=null",
+                                 f"model.options.ref_audio={options['ref_audio']}",
+                                 "model.options.ref_text=hi there"])
+    assert cfg.model.options["audio_duration"] == "per_prompt"
+    adapter = load_adapter(cfg.model)
+    texts = [p for p, _ in load_prompts(cfg.data.prompts)[:2]]
+    cond = adapter.encode(texts)
+    rule = [max(adapter.ref_frames + adapter.estimate_frames(text), adapter.tokens(text).numel()
+                + 1) for text in texts]
+    assert cond.tensors[LATENT_LENGTH].tolist() == rule
+    x = adapter.initial_noise(seeded(0, 1), cond)
+    with torch.no_grad():
+        v = adapter.velocity(x, torch.full((2,), 0.5), cond, cfg.model.guidance)
+    assert v.shape == x.shape and torch.isfinite(v).all()
+
+
+def test_one_padded_dit_call_would_change_the_shorter_sample():
+    """Why the velocity runs each length on its own: F5's DiT attends to padded frames (its
+    configs' ``attn_mask_enabled: False``), so one call over the padded batch moves the shorter
+    sample's velocity."""
+    adapter = make(audio_duration="per_prompt")
+    cond = adapter.encode_inputs(PROMPTS, PER_PROMPT["metadata"])
+    x = adapter.initial_noise(seeded(0, 1), cond)
+    sigma = torch.full((2,), 0.7)
+    alone_cond = adapter.encode_inputs(PROMPTS[:1], PER_PROMPT["metadata"][:1])
+    with torch.no_grad():
+        grouped = adapter.velocity(x, sigma, cond, 3.0)
+        alone = adapter.velocity(x[:1, :44], sigma[:1], alone_cond, 3.0)
+        one_call = adapter._velocity(x, sigma, cond.tensors["text"], 3.0)
+    assert (grouped[0, :44] - alone[0]).abs().max() <= TOL and grouped[0, 44:].eq(0).all()
+    assert (one_call[0, :44] - alone[0]).abs().max() > 1e-2

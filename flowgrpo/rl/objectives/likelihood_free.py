@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from flowgrpo import seeding
 from flowgrpo.rl import losses
@@ -39,7 +40,7 @@ from flowgrpo.rl.objectives.base import OBJECTIVES, Objective, Policy, add_kl, f
 from flowgrpo.rl.reference import reference
 from flowgrpo.rl.rollout import model_velocity
 from flowgrpo.validation import integer, one_of
-from pipelines.base import LOGPROB_WEIGHT
+from pipelines.base import LATENT_LENGTH, LOGPROB_WEIGHT
 from samplers import CONTINUOUS
 
 TIMESTEPS = ("uniform", "logit_normal")
@@ -56,13 +57,21 @@ class Draws:
 
 def draw(x0: torch.Tensor, k: int, timesteps: str,
          generator: torch.Generator | list[torch.Generator],
-         t_range: tuple[float, float] = (0.02, 0.98)) -> Draws:
+         t_range: tuple[float, float] = (0.02, 0.98),
+         lengths: torch.Tensor | None = None) -> Draws:
     """``K`` draws per sample: ``t`` uniform in ``t_range`` or logit-normal (``sigmoid(N(0,
     1))``, SD3's training density, clamped to ``t_range``), noise standard normal. With a list
-    of generators, sample ``i`` draws from ``generator[i]`` alone."""
+    of generators, sample ``i`` draws from ``generator[i]`` alone; with its ``lengths[i]``
+    (the condition's :data:`~pipelines.base.LATENT_LENGTH`), at that length along the sample's
+    dim 1, zero after it (the draws of a batch of that length alone)."""
     if isinstance(generator, (list, tuple)):
-        parts = [draw(x0[i:i + 1], k, timesteps, g, t_range) for i, g in enumerate(generator)]
-        return Draws(torch.cat([p.t for p in parts]), torch.cat([p.noise for p in parts]))
+        parts = [draw(x0[i:i + 1] if lengths is None else x0[i:i + 1, :int(lengths[i])], k,
+                      timesteps, g, t_range) for i, g in enumerate(generator)]
+        noise = [p.noise for p in parts]
+        if lengths is not None:  # [1, K, n, ...] -> [1, K, T, ...]
+            noise = [F.pad(z, (0, 0) * (z.dim() - 3) + (0, x0.shape[1] - z.shape[2]))
+                     for z in noise]
+        return Draws(torch.cat([p.t for p in parts]), torch.cat(noise))
     b = x0.shape[0]
     if timesteps == "uniform":
         t = t_range[0] + (t_range[1] - t_range[0]) * torch.rand(b, k, generator=generator)
@@ -73,17 +82,20 @@ def draw(x0: torch.Tensor, k: int, timesteps: str,
 
 
 def weighted_lp(err: torch.Tensor, t: torch.Tensor, weighting: str,
-                power: float = 0.25) -> torch.Tensor:
+                power: float = 0.25, weight: torch.Tensor | None = None) -> torch.Tensor:
     """``lp [n]`` from velocity errors ``err [n, ...]`` at noise levels ``t [n]`` (see the module
-    table); float32."""
+    table); float32. With a per-position ``weight`` (the condition's ``LOGPROB_WEIGHT``,
+    broadcastable to ``err``) every ``mean`` is ``mean(weight * ...)``, as the log-prob's."""
     flat = err.float().flatten(1)
-    mse = (flat * flat).mean(1)
+    w = None if weight is None else weight.float().expand_as(err).reshape(flat.shape)
+    mse = (flat * flat).mean(1) if w is None else (flat * flat * w).mean(1)
     if weighting == "uniform":
         return -mse
     if weighting == "x0":
         return -(t * t) * mse
     if weighting == "adaptive":
-        scale = (t * flat.abs().mean(1)).detach().clamp_min(1e-5)
+        size = flat.abs().mean(1) if w is None else (flat.abs() * w).mean(1)
+        scale = (t * size).detach().clamp_min(1e-5)
         return -(t * t) * mse / scale
     return -((mse + 1e-10) ** power - 1e-10**power) * t / power
 
@@ -126,17 +138,30 @@ class ForwardObjective(Objective):
         self.lp_scale = 1.0  # a constant factor of every log-likelihood (elbo's cfg_division)
         self.adv_scale = 1.0  # a constant factor of the advantages (awm's adv_scale)
 
-    def lp(self, err: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    def lp(self, err: torch.Tensor, t: torch.Tensor,
+           weight: torch.Tensor | None = None) -> torch.Tensor:
         """``[n]`` log-likelihood proxies of velocity errors ``err [n, ...]`` (module table),
-        times :attr:`lp_scale`."""
-        out = weighted_lp(err, t, self.weighting, self.power)
+        times :attr:`lp_scale`; ``weight`` as :func:`weighted_lp`'s."""
+        out = weighted_lp(err, t, self.weighting, self.power, weight)
         return out if self.lp_scale == 1.0 else out * self.lp_scale
+
+    def position_weight(self, batch: RolloutBatch, idx: torch.Tensor,
+                        k: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The condition's ``LOGPROB_WEIGHT`` of the rows :meth:`velocities` returns for
+        samples ``idx`` and draws ``k`` (None when the family has none)."""
+        weight = batch.traj.cond.tensors.get(LOGPROB_WEIGHT)
+        if weight is None:
+            return None
+        ks = self.k if k is None else k.numel()
+        return weight[idx.to(weight.device).repeat_interleave(ks)]
 
     def draws(self, batch: RolloutBatch) -> Draws:
         # one stream per sample, keyed by its global index: the same on any number of processes
         gens = [seeding.generator("objective_draws", self.policy.seed, batch.iteration, i)
                 for i in batch.index.tolist()]
-        return draw(batch.traj.final.float().cpu(), self.k, self.timesteps, gens)
+        lengths = batch.traj.cond.tensors.get(LATENT_LENGTH)
+        return draw(batch.traj.final.float().cpu(), self.k, self.timesteps, gens,
+                    lengths=None if lengths is None else lengths.cpu())
 
     def velocities(self, batch: RolloutBatch, draws: Draws, idx: torch.Tensor,
                    k: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
@@ -166,7 +191,8 @@ class ForwardObjective(Objective):
     def log_likelihoods(self, batch, draws, idx, k=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(lp [b, K'], v)``: the weighted log-likelihood proxy of every draw."""
         v, u, t = self.velocities(batch, draws, idx, k)
-        return self.lp(v - u, t).reshape(len(idx), -1), v
+        weight = self.position_weight(batch, idx, k)
+        return self.lp(v - u, t, weight).reshape(len(idx), -1), v
 
     def old_log_likelihoods(self, batch: RolloutBatch, draws: Draws,
                             rows: torch.Tensor | None) -> torch.Tensor:
@@ -182,9 +208,13 @@ class ForwardObjective(Objective):
             return None
         with torch.no_grad(), reference(self.policy.adapter):
             ref_v, u, t = self.velocities(batch, draws, idx, k)
-        ref_lp = self.lp(ref_v - u, t).reshape(len(idx), -1)
+        weight = self.position_weight(batch, idx, k)
+        ref_lp = self.lp(ref_v - u, t, weight).reshape(len(idx), -1)
+        if weight is not None:
+            weight = weight.to(v.device).expand_as(v).reshape(len(idx), -1)
         return self.kl(KLInputs(v=v.reshape(len(idx), -1), ref_v=ref_v.reshape(len(idx), -1),
-                                logp=logp, ref_logp=None if logp is None else ref_lp.mean(1)))
+                                logp=logp, ref_logp=None if logp is None else ref_lp.mean(1),
+                                weight=weight))
 
     def ratio_loss(self, batch, draws, logp_old, idx, k=None, anchor=None, anchor_beta=0.0):
         """The run's policy loss on ``exp(logp - logp_old)``, ``logp`` the mean log-likelihood
@@ -541,8 +571,9 @@ class NftObjective(ForwardObjective):
         neg = (1 + self.b) * v_old - self.b * v
         r = self.optimality(_advantage(batch, idx).to(v.device))
         weight = batch.sample_weights[idx].to(v.device)
-        per_sample = -(r * weighted_lp(pos - u, t, self.weighting, self.power)
-                       + (1 - r) * weighted_lp(neg - u, t, self.weighting, self.power))
+        at = self.position_weight(batch, idx, k)
+        per_sample = -(r * weighted_lp(pos - u, t, self.weighting, self.power, at)
+                       + (1 - r) * weighted_lp(neg - u, t, self.weighting, self.power, at))
         loss = (per_sample * weight).mean() * self.loss_scale
         gap = (v.detach() - v_old).abs().flatten(1).amax(1)
         metrics: dict[str, Any] = {"train/old_gap": gap.max(), "train/optimality": r.mean()}

@@ -90,8 +90,9 @@ class _PreferenceBase(ForwardObjective):
                k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(e [b], v)``: the error ``-lp`` of samples ``idx`` on draw ``k`` (grad when
         enabled) and the velocities."""
-        v, u, t = self.velocities(batch, draws, idx, torch.tensor([k]))
-        return -self.lp(v - u, t), v
+        ks = torch.tensor([k])
+        v, u, t = self.velocities(batch, draws, idx, ks)
+        return -self.lp(v - u, t, self.position_weight(batch, idx, ks)), v
 
     @torch.no_grad()
     def reference_errors(self, batch, draws, rows) -> tuple[torch.Tensor, torch.Tensor | None]:
