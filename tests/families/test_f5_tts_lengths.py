@@ -2,7 +2,8 @@
 (lengths, padding, one DiT call per length, decoding per length) on a stand-in for F5's DiT
 with its interface and its failure mode: its frames see each other through a convolution and
 an attention that no frame mask reaches, as F5's attention does under its shipped
-``attn_mask_enabled: False`` (and its convolutions without a mask). Parity with ``CFM.sample`` at each length is in
+``attn_mask_enabled: False`` (and its convolutions without a mask). Parity with
+``CFM.sample`` at each length is in
 ``tests/families/test_f5_tts.py`` (run with the package)."""
 
 from __future__ import annotations
