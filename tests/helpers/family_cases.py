@@ -26,6 +26,7 @@ from helpers.tiny_families import (
     tiny_longcat_tts_pipeline,
     tiny_wan_pipeline,
 )
+from helpers.tiny_ltx import tiny_ltx_pipeline
 from helpers.tiny_video import (
     HUNYUAN_TEMPLATE,
     tiny_hunyuan_video_pipeline,
@@ -45,6 +46,7 @@ from pipelines import (
 from pipelines.amused import AmusedAdapter
 from pipelines.digits_discrete import DigitsDiscreteAdapter
 from pipelines.flux_kontext import FluxKontextAdapter
+from pipelines.ltx import LTXAdapter
 from pipelines.sd3 import SD3Adapter
 from pipelines.vq_diffusion import VQDiffusionAdapter
 
@@ -108,6 +110,9 @@ CASES = {
     "vq_diffusion": Case(tiny_vq_diffusion_pipeline, VQDiffusionAdapter),
     # masked tokens rolled out with ctmc; parity with its pipeline: tests/families/test_amused.py
     "amused": Case(tiny_amused_pipeline, AmusedAdapter),
+    "ltx": Case(tiny_ltx_pipeline, LTXAdapter,
+                dict(height=32, width=64, num_frames=5, max_sequence_length=16),
+                dict(height=32, width=64, num_frames=5, max_sequence_length=16), output="frames"),
 }
 
 
