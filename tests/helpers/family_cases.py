@@ -26,6 +26,7 @@ from helpers.tiny_families import (
     tiny_longcat_tts_pipeline,
     tiny_wan_pipeline,
 )
+from helpers.tiny_ltx import tiny_ltx_pipeline
 from helpers.tiny_video import (
     HUNYUAN_TEMPLATE,
     tiny_hunyuan_video_pipeline,
@@ -46,6 +47,7 @@ from pipelines import (
 from pipelines.amused import AmusedAdapter
 from pipelines.digits_discrete import DigitsDiscreteAdapter
 from pipelines.flux_kontext import FluxKontextAdapter
+from pipelines.ltx import LTXAdapter
 from pipelines.sd3 import SD3Adapter
 from pipelines.vq_diffusion import VQDiffusionAdapter
 from pipelines.wan_i2v import WanI2VAdapter
@@ -112,6 +114,10 @@ CASES = {
     "amused": Case(tiny_amused_pipeline, AmusedAdapter),
     # Wan2.1 I2V animating one shipped first frame; Wan2.2 variants: tests/families/test_wan_i2v.py
     "wan_i2v": Case(tiny_wan_i2v_pipeline, WanI2VAdapter, WAN_I2V, WAN_I2V_CALL, output="frames"),
+    # LTX-Video; parity with and without CFG and guidance rescale: tests/families/test_ltx.py
+    "ltx": Case(tiny_ltx_pipeline, LTXAdapter,
+                dict(height=32, width=64, num_frames=5, max_sequence_length=16),
+                dict(height=32, width=64, num_frames=5, max_sequence_length=16), output="frames"),
 }
 
 
