@@ -12,7 +12,7 @@ import textwrap
 from string import Template
 from typing import Any
 
-from flowgrpo.cli.new_family import OPTION_TYPES, STUBS, PipelineFacts, class_name, file_names
+from flowgrpo.cli.new_family_facts import OPTION_TYPES, STUBS, PipelineFacts, class_name, file_names
 
 WIDTH = 100
 MEDIA = {"image": "images [B, 3, H, W] in [0, 1]", "video": "videos [B, F, 3, H, W] in [0, 1]",

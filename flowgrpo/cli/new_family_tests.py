@@ -10,8 +10,8 @@ import inspect
 from string import Template
 from typing import Any
 
-from flowgrpo.cli.new_family import PipelineFacts, class_name, file_names
 from flowgrpo.cli.new_family_adapter import comment, docstring, literal
+from flowgrpo.cli.new_family_facts import PipelineFacts, class_name, file_names
 
 TINY_SIZES = {"height": 16, "width": 16, "num_frames": 5}
 TOKENIZERS = ("CLIPTokenizer", "CLIPTokenizerFast", "T5Tokenizer", "T5TokenizerFast")
