@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from helpers.tiny_families import (
     tiny_longcat_tts_pipeline,
     tiny_wan_pipeline,
 )
+from helpers.tiny_qwen_image_edit import QWEN_EDIT, QWEN_EDIT_PLUS, tiny_qwen_image_edit_pipeline
 from helpers.tiny_video import (
     HUNYUAN_TEMPLATE,
     tiny_hunyuan_video_pipeline,
@@ -46,6 +48,7 @@ from pipelines import (
 from pipelines.amused import AmusedAdapter
 from pipelines.digits_discrete import DigitsDiscreteAdapter
 from pipelines.flux_kontext import FluxKontextAdapter
+from pipelines.qwen_image_edit import QwenImageEditAdapter, QwenImageEditPlusAdapter
 from pipelines.sd3 import SD3Adapter
 from pipelines.vq_diffusion import VQDiffusionAdapter
 from pipelines.wan_i2v import WanI2VAdapter
@@ -112,6 +115,12 @@ CASES = {
     "amused": Case(tiny_amused_pipeline, AmusedAdapter),
     # Wan2.1 I2V animating one shipped first frame; Wan2.2 variants: tests/families/test_wan_i2v.py
     "wan_i2v": Case(tiny_wan_i2v_pipeline, WanI2VAdapter, WAN_I2V, WAN_I2V_CALL, output="frames"),
+    # every sample edits one shipped source; parity with its pipelines: test_qwen_image_edit.py
+    "qwen_image_edit": Case(tiny_qwen_image_edit_pipeline, QwenImageEditAdapter, QWEN_EDIT,
+                            dict(height=32, width=32)),
+    "qwen_image_edit_plus": Case(partial(tiny_qwen_image_edit_pipeline, plus=True),
+                                 QwenImageEditPlusAdapter, QWEN_EDIT_PLUS,
+                                 dict(height=32, width=32)),
 }
 
 

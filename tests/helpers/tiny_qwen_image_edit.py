@@ -107,3 +107,11 @@ def tiny_qwen_image_edit_pipeline(seed: int = 0, plus: bool = False,
     return cls(scheduler=scheduler, vae=base.vae, text_encoder=tiny_vl_encoder(seed),
                tokenizer=tiny_vl_tokenizer(), processor=tiny_vl_processor(),
                transformer=transformer)
+
+
+QWEN_EDIT = dict(height=32, width=32, reference_area=64 * 64, image=SOURCE)
+"""Adapter options of the tiny ``qwen_image_edit`` case: 32x32 edits of :data:`SOURCE` at a
+64 x 64 reference (4 reference tokens instead of the default area's 4096)."""
+
+QWEN_EDIT_PLUS = dict(QWEN_EDIT, condition_area=64 * 64)
+"""The same for ``qwen_image_edit_plus`` (its text-encoder input at 64 x 64 too)."""
