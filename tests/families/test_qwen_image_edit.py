@@ -86,9 +86,11 @@ PARITY = [  # (family, reference area (None: the pipelines'), guidance, source s
 ]
 
 
-@pytest.mark.parametrize(("family", "area", "guidance", "sizes", "build"), PARITY,
-                         ids=[f"{p[0]}-{'default' if p[1] is None else p[1]}-g{p[2]}-"
-                              f"{len(p[3])}ref{'-zerocond' if p[4] else ''}" for p in PARITY])
+# the pipelines' ~1 MP reference (4096 tokens, a VAE pass at 800 x 1312) takes ~10 s a case
+@pytest.mark.parametrize(("family", "area", "guidance", "sizes", "build"), [
+    pytest.param(*p, marks=[pytest.mark.slow] if p[1] is None else [],
+                 id=f"{p[0]}-{'default' if p[1] is None else p[1]}-g{p[2]}-"
+                    f"{len(p[3])}ref{'-zerocond' if p[4] else ''}") for p in PARITY])
 def test_euler_rollout_matches_pipeline(family, area, guidance, sizes, build, monkeypatch):
     images = [picture(h, w, seed=i) for i, (h, w) in enumerate(sizes)]
     source = images if len(images) > 1 else images[0]
