@@ -14,6 +14,7 @@ from .hunyuan_video import HunyuanVideoAdapter  # noqa: F401  (registers the fam
 from .longcat_tts import LongCatTTSAdapter  # noqa: F401  (registers the family)
 from .ltx import LTXAdapter  # noqa: F401  (registers the family)
 from .qwen_image import QwenImageAdapter  # noqa: F401  (registers the family)
+from .qwen_image_edit import QwenImageEditAdapter  # noqa: F401  (registers the families)
 from .vq_diffusion import VQDiffusionAdapter  # noqa: F401  (registers the family)
 from .wan import WanAdapter  # noqa: F401  (registers the family)
 from .wan_i2v import WanI2VAdapter  # noqa: F401  (registers the family)

@@ -152,7 +152,9 @@ class QwenImageAdapter(PackedTokens, FlowAdapter):
         return scheduler.sigmas.to(torch.float32).clone()
 
     def _call(self, x: torch.Tensor, timestep: torch.Tensor, embeds: torch.Tensor,
-              mask: torch.Tensor) -> torch.Tensor:
+              mask: torch.Tensor, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One transformer call; ``tensors`` (the encodings of ``x``'s rows, doubled under CFG
+        as ``x`` is) is for subclasses that add model inputs (the edit family's references)."""
         h, w = self.latent_grid()
         return self._model(hidden_states=x, timestep=timestep, encoder_hidden_states=embeds,
                            encoder_hidden_states_mask=mask,
@@ -170,11 +172,12 @@ class QwenImageAdapter(PackedTokens, FlowAdapter):
         timestep = (sigma * n_train).to(self.latent_dtype) / n_train
         x = x.to(self.dtype)
         if guidance <= 1.0:
-            return self._call(x, timestep, t["prompt_embeds"], t["prompt_mask"])
+            return self._call(x, timestep, t["prompt_embeds"], t["prompt_mask"], t)
         neg, pos = self._call(
             torch.cat([x, x]), torch.cat([timestep, timestep]),
             torch.cat([t["neg_prompt_embeds"], t["prompt_embeds"]]),
             torch.cat([t["neg_prompt_mask"], t["prompt_mask"]]),
+            {k: torch.cat([v, v]) for k, v in t.items()},
         ).chunk(2)
         guided = neg + guidance * (pos - neg)
         scale = torch.norm(pos, dim=-1, keepdim=True) / torch.norm(guided, dim=-1, keepdim=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from helpers.tiny_families import (
     tiny_wan_pipeline,
 )
 from helpers.tiny_ltx import tiny_ltx_pipeline
+from helpers.tiny_qwen_image_edit import QWEN_EDIT, QWEN_EDIT_PLUS, tiny_qwen_image_edit_pipeline
 from helpers.tiny_video import (
     HUNYUAN_TEMPLATE,
     tiny_hunyuan_video_pipeline,
@@ -48,6 +50,7 @@ from pipelines.amused import AmusedAdapter
 from pipelines.digits_discrete import DigitsDiscreteAdapter
 from pipelines.flux_kontext import FluxKontextAdapter
 from pipelines.ltx import LTXAdapter
+from pipelines.qwen_image_edit import QwenImageEditAdapter, QwenImageEditPlusAdapter
 from pipelines.sd3 import SD3Adapter
 from pipelines.vq_diffusion import VQDiffusionAdapter
 from pipelines.wan_i2v import WanI2VAdapter
@@ -118,6 +121,12 @@ CASES = {
     "ltx": Case(tiny_ltx_pipeline, LTXAdapter,
                 dict(height=32, width=64, num_frames=5, max_sequence_length=16),
                 dict(height=32, width=64, num_frames=5, max_sequence_length=16), output="frames"),
+    # every sample edits one shipped source; parity with its pipelines: test_qwen_image_edit.py
+    "qwen_image_edit": Case(tiny_qwen_image_edit_pipeline, QwenImageEditAdapter, QWEN_EDIT,
+                            dict(height=32, width=32)),
+    "qwen_image_edit_plus": Case(partial(tiny_qwen_image_edit_pipeline, plus=True),
+                                 QwenImageEditPlusAdapter, QWEN_EDIT_PLUS,
+                                 dict(height=32, width=32)),
 }
 
 
