@@ -18,5 +18,6 @@ from .qwen_image_edit import QwenImageEditAdapter  # noqa: F401  (registers the 
 from .vq_diffusion import VQDiffusionAdapter  # noqa: F401  (registers the family)
 from .wan import WanAdapter  # noqa: F401  (registers the family)
 from .wan_i2v import WanI2VAdapter  # noqa: F401  (registers the family)
+from .z_image import ZImageAdapter  # noqa: F401  (registers the family)
 
 __all__ = ["FAMILIES", "Cond", "DiscreteAdapter", "FlowAdapter", "load", "names", "register"]

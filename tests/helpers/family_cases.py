@@ -38,6 +38,7 @@ from helpers.tiny_video import (
 )
 from helpers.tiny_vq_diffusion import tiny_vq_diffusion_pipeline
 from helpers.tiny_wan_i2v import WAN_I2V, WAN_I2V_CALL, tiny_wan_i2v_pipeline
+from helpers.tiny_z_image import Z_IMAGE, tiny_z_image_pipeline
 from pipelines import (
     AceStepAdapter,
     FluxAdapter,
@@ -54,6 +55,7 @@ from pipelines.qwen_image_edit import QwenImageEditAdapter, QwenImageEditPlusAda
 from pipelines.sd3 import SD3Adapter
 from pipelines.vq_diffusion import VQDiffusionAdapter
 from pipelines.wan_i2v import WanI2VAdapter
+from pipelines.z_image import ZImageAdapter
 
 PROMPTS = ["a red cube on a table", "two dogs"]
 STEPS = 5
@@ -127,6 +129,8 @@ CASES = {
     "qwen_image_edit_plus": Case(partial(tiny_qwen_image_edit_pipeline, plus=True),
                                  QwenImageEditPlusAdapter, QWEN_EDIT_PLUS,
                                  dict(height=32, width=32)),
+    # its guidance is the pipeline's guidance_scale + 1; parity: tests/families/test_z_image.py
+    "z_image": Case(tiny_z_image_pipeline, ZImageAdapter, Z_IMAGE, Z_IMAGE),
 }
 
 
