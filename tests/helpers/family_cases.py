@@ -27,6 +27,7 @@ from helpers.tiny_families import (
     tiny_wan_pipeline,
 )
 from helpers.tiny_ltx import tiny_ltx_pipeline
+from helpers.tiny_ltx2 import LTX2_CALL, LTX2_SIZE, tiny_ltx2_pipeline
 from helpers.tiny_video import (
     HUNYUAN_TEMPLATE,
     tiny_hunyuan_video_pipeline,
@@ -48,6 +49,7 @@ from pipelines.amused import AmusedAdapter
 from pipelines.digits_discrete import DigitsDiscreteAdapter
 from pipelines.flux_kontext import FluxKontextAdapter
 from pipelines.ltx import LTXAdapter
+from pipelines.ltx2 import LTX2Adapter
 from pipelines.sd3 import SD3Adapter
 from pipelines.vq_diffusion import VQDiffusionAdapter
 from pipelines.wan_i2v import WanI2VAdapter
@@ -118,6 +120,8 @@ CASES = {
     "ltx": Case(tiny_ltx_pipeline, LTXAdapter,
                 dict(height=32, width=64, num_frames=5, max_sequence_length=16),
                 dict(height=32, width=64, num_frames=5, max_sequence_length=16), output="frames"),
+    # LTX-2 video + audio in one flat latent; parity of both parts: tests/families/test_ltx2.py
+    "ltx2": Case(tiny_ltx2_pipeline, LTX2Adapter, LTX2_SIZE, LTX2_CALL, output="frames"),
 }
 
 
