@@ -181,7 +181,7 @@ class LTX2Adapter(LTXAdapter):
         self.decode_noise_scale = (self.decode_timestep if decode_noise_scale is None
                                    else float(decode_noise_scale))
         self.decode_seed = int(decode_seed)
-        _one_line(self.audio_grid()[0] >= 1, f"{num_frames} frames at {frame_rate} fps are "
+        _one_line(self.audio_grid()[1] >= 1, f"{num_frames} frames at {frame_rate} fps are "
                   f"shorter than one audio latent frame")
 
     # --- the two parts of a latent ------------------------------------------------------------

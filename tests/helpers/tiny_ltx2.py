@@ -98,7 +98,7 @@ def tiny_ltx2_pipeline(seed: int = 0, timestep_conditioning: bool = True):
         audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
         audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2,
         qk_norm="rms_norm_across_heads", caption_channels=GEMMA_HIDDEN,
-        rope_double_precision=False, rope_type="split",
+        rope_double_precision=False, rope_type="split", perturbed_attn=True,  # STG can act
     ).eval()
     torch.manual_seed(seed)
     connectors = LTX2TextConnectors(
