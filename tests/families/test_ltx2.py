@@ -221,3 +221,16 @@ def test_bad_options_raise_one_line_errors(options, match):
     with pytest.raises(ValueError, match=match) as err:
         CASE.make(**options)
     assert "\n" not in str(err.value) and str(err.value).startswith("ltx2: ")
+
+
+@pytest.mark.slow
+def test_family_contract_scoring_the_audio_with_weighted_parts(tmp_path):
+    """The shared contract (the CASES entry runs the video default) with the waveform as the
+    media a reward scores and the audio weighted 4x in log-probs: rollout and replay agree (ratio
+    1) through the encodings' log-prob weight, and a LoRA step trains."""
+    from flowgrpo.testing import check_family_contract
+
+    folder = tmp_path / "model"
+    CASE.make().pipeline.save_pretrained(str(folder))
+    check_family_contract("ltx2", folder, dict(CASE.options, media="audio", audio_weight=4.0),
+                          tmp_path / "run")
