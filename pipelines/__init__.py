@@ -13,6 +13,7 @@ from .flux_kontext import FluxKontextAdapter  # noqa: F401  (registers the famil
 from .hunyuan_video import HunyuanVideoAdapter  # noqa: F401  (registers the family)
 from .longcat_tts import LongCatTTSAdapter  # noqa: F401  (registers the family)
 from .ltx import LTXAdapter  # noqa: F401  (registers the family)
+from .ltx2 import LTX2Adapter  # noqa: F401  (registers the family)
 from .qwen_image import QwenImageAdapter  # noqa: F401  (registers the family)
 from .qwen_image_edit import QwenImageEditAdapter  # noqa: F401  (registers the families)
 from .vq_diffusion import VQDiffusionAdapter  # noqa: F401  (registers the family)

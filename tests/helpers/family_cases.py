@@ -28,6 +28,7 @@ from helpers.tiny_families import (
     tiny_wan_pipeline,
 )
 from helpers.tiny_ltx import tiny_ltx_pipeline
+from helpers.tiny_ltx2 import LTX2_CALL, LTX2_SIZE, tiny_ltx2_pipeline
 from helpers.tiny_qwen_image_edit import QWEN_EDIT, QWEN_EDIT_PLUS, tiny_qwen_image_edit_pipeline
 from helpers.tiny_video import (
     HUNYUAN_TEMPLATE,
@@ -51,6 +52,7 @@ from pipelines.amused import AmusedAdapter
 from pipelines.digits_discrete import DigitsDiscreteAdapter
 from pipelines.flux_kontext import FluxKontextAdapter
 from pipelines.ltx import LTXAdapter
+from pipelines.ltx2 import LTX2Adapter
 from pipelines.qwen_image_edit import QwenImageEditAdapter, QwenImageEditPlusAdapter
 from pipelines.sd3 import SD3Adapter
 from pipelines.vq_diffusion import VQDiffusionAdapter
@@ -131,6 +133,8 @@ CASES = {
                                  dict(height=32, width=32)),
     # its guidance is the pipeline's guidance_scale + 1; parity: tests/families/test_z_image.py
     "z_image": Case(tiny_z_image_pipeline, ZImageAdapter, Z_IMAGE, Z_IMAGE),
+    # LTX-2 video + audio in one flat latent; parity of both parts: tests/families/test_ltx2.py
+    "ltx2": Case(tiny_ltx2_pipeline, LTX2Adapter, LTX2_SIZE, LTX2_CALL, output="frames"),
 }
 
 
