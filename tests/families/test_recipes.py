@@ -25,7 +25,8 @@ def test_recipes_are_found():
     assert {"digits", "sd35_pickscore", "sd35_ocr", "sd35_fast", "flux_pickscore", "wan_t2v",
             "audio_ace_step", "tts_longcat", "tts_f5", "wan22_ti2v", "wan22_t2v_a14b",
             "hunyuan_video", "qwen_image_pickscore", "flux2_klein_edit_ocr",
-            "flux_kontext_edit_ocr", "digit_edit", "digits_discrete"} <= names
+            "flux_kontext_edit_ocr", "digit_edit", "digits_discrete", "wan_i2v", "ltx_video",
+            "ltx2_video_audio", "qwen_image_edit_ocr", "z_image_pickscore"} <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
