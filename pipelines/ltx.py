@@ -88,33 +88,46 @@ class LTXAdapter(FlowAdapter):
 
         pipeline = load_pipeline(LTXPipeline, "ltx", path_or_id, torch_dtype, pipeline,
                                  **from_pretrained_kwargs)
+        self._video_options(
+            "ltx", pipeline, height=height, width=width, num_frames=num_frames,
+            frame_rate=frame_rate, negative_prompt=negative_prompt,
+            max_sequence_length=max_sequence_length, decode_timestep=decode_timestep,
+            decode_noise_scale=decode_noise_scale, decode_seed=decode_seed)
+        if not 0.0 <= guidance_rescale <= 1.0:
+            raise ValueError(f"ltx: guidance_rescale must be in [0, 1] (0: off), got "
+                             f"{guidance_rescale}")
+        self.guidance_rescale = float(guidance_rescale)
+
+    def _video_options(self, family: str, pipeline: Any, *, height: int, width: int,
+                       num_frames: int, frame_rate: float, negative_prompt: str,
+                       max_sequence_length: int, decode_timestep: float,
+                       decode_noise_scale: float | None, decode_seed: int) -> None:
+        """The video geometry read from ``pipeline`` (VAE compression, patch sizes) and the options
+        LTX-Video and LTX-2 share, checked with one-line errors named by ``family``."""
+        def check(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(f"{family}: {message}")
+
         self.pipeline, self.transformer = pipeline, pipeline.transformer
         self.scale_s = pipeline.vae_spatial_compression_ratio
         self.scale_t = pipeline.vae_temporal_compression_ratio
         self.patch = pipeline.transformer_spatial_patch_size
         self.patch_t = pipeline.transformer_temporal_patch_size
         factor = math.lcm(32, self.scale_s * self.patch)
-        if height % factor or width % factor:
-            raise ValueError(f"ltx: height and width must be multiples of {factor}, got "
-                             f"{height}x{width}")
         step = self.scale_t * self.patch_t
-        if num_frames < 1 or (num_frames - 1) % step:
-            raise ValueError(f"ltx: num_frames must be {step}k + 1, got {num_frames}")
-        if frame_rate <= 0:
-            raise ValueError(f"ltx: frame_rate must be positive, got {frame_rate}")
-        if not 0.0 <= guidance_rescale <= 1.0:
-            raise ValueError(f"ltx: guidance_rescale must be in [0, 1] (0: off), got "
-                             f"{guidance_rescale}")
-        if decode_timestep < 0:
-            raise ValueError(f"ltx: decode_timestep must be >= 0, got {decode_timestep}")
-        if decode_noise_scale is not None and not 0.0 <= decode_noise_scale <= 1.0:
-            raise ValueError(f"ltx: decode_noise_scale must be in [0, 1] or None (None: "
-                             f"decode_timestep), got {decode_noise_scale}")
+        check(not (height % factor or width % factor),
+              f"height and width must be multiples of {factor}, got {height}x{width}")
+        check(num_frames >= 1 and (num_frames - 1) % step == 0,
+              f"num_frames must be {step}k + 1, got {num_frames}")
+        check(frame_rate > 0, f"frame_rate must be positive, got {frame_rate}")
+        check(decode_timestep >= 0, f"decode_timestep must be >= 0, got {decode_timestep}")
+        check(decode_noise_scale is None or 0.0 <= decode_noise_scale <= 1.0,
+              f"decode_noise_scale must be in [0, 1] or None (None: decode_timestep), got "
+              f"{decode_noise_scale}")
         self.height, self.width, self.num_frames = height, width, num_frames
         self.frame_rate = float(frame_rate)
         self.negative_prompt = negative_prompt
         self.max_sequence_length = max_sequence_length
-        self.guidance_rescale = float(guidance_rescale)
         self.decode_timestep = float(decode_timestep)
         self.decode_noise_scale = (self.decode_timestep if decode_noise_scale is None
                                    else float(decode_noise_scale))

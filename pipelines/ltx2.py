@@ -125,18 +125,11 @@ class LTX2Adapter(LTXAdapter):
 
         pipeline = load_pipeline(LTX2Pipeline, "ltx2", path_or_id, torch_dtype, pipeline,
                                  **from_pretrained_kwargs)
-        self.pipeline, self.transformer = pipeline, pipeline.transformer
-        self.scale_s = pipeline.vae_spatial_compression_ratio
-        self.scale_t = pipeline.vae_temporal_compression_ratio
-        self.patch = pipeline.transformer_spatial_patch_size
-        self.patch_t = pipeline.transformer_temporal_patch_size
-        factor = math.lcm(32, self.scale_s * self.patch)
-        step = self.scale_t * self.patch_t
-        _one_line(not (height % factor or width % factor),
-                  f"height and width must be multiples of {factor}, got {height}x{width}")
-        _one_line(num_frames >= 1 and (num_frames - 1) % step == 0,
-                  f"num_frames must be {step}k + 1, got {num_frames}")
-        _one_line(frame_rate > 0, f"frame_rate must be positive, got {frame_rate}")
+        self._video_options(
+            "ltx2", pipeline, height=height, width=width, num_frames=num_frames,
+            frame_rate=frame_rate, negative_prompt=negative_prompt,
+            max_sequence_length=max_sequence_length, decode_timestep=decode_timestep,
+            decode_noise_scale=decode_noise_scale, decode_seed=decode_seed)
         _one_line(media in MEDIA, f"media must be one of {', '.join(MEDIA)}, got {media!r}")
         audio_guidance = audio_guidance_scale
         _one_line(audio_guidance is None or audio_guidance >= 1.0,
@@ -158,14 +151,6 @@ class LTX2Adapter(LTXAdapter):
         _one_line(video_weight >= 0 and audio_weight >= 0 and video_weight + audio_weight > 0,
                   f"video_weight and audio_weight must be >= 0, not both 0, got "
                   f"{video_weight} and {audio_weight}")
-        _one_line(decode_timestep >= 0, f"decode_timestep must be >= 0, got {decode_timestep}")
-        _one_line(decode_noise_scale is None or 0.0 <= decode_noise_scale <= 1.0,
-                  f"decode_noise_scale must be in [0, 1] or None (None: decode_timestep), got "
-                  f"{decode_noise_scale}")
-        self.height, self.width, self.num_frames = height, width, num_frames
-        self.frame_rate = float(frame_rate)
-        self.negative_prompt = negative_prompt
-        self.max_sequence_length = max_sequence_length
         self.audio_guidance = None if audio_guidance is None else float(audio_guidance)
         self.guidance_rescale = float(guidance_rescale)
         self.audio_guidance_rescale = float(audio_guidance_rescale)
@@ -177,10 +162,6 @@ class LTX2Adapter(LTXAdapter):
         self.modality = media
         self.sample_rate = int(pipeline.vocoder.config.output_sampling_rate)
         self.part_weights = (float(video_weight), float(audio_weight))
-        self.decode_timestep = float(decode_timestep)
-        self.decode_noise_scale = (self.decode_timestep if decode_noise_scale is None
-                                   else float(decode_noise_scale))
-        self.decode_seed = int(decode_seed)
         _one_line(self.audio_grid()[1] >= 1, f"{num_frames} frames at {frame_rate} fps are "
                   f"shorter than one audio latent frame")
 
