@@ -6,6 +6,7 @@ changes only the LoRA weights, and a checkpoint whose LoRA loads back into a fre
 from __future__ import annotations
 
 import pytest
+import torch
 
 import pipelines
 from flowgrpo.testing import check_family_contract
@@ -29,3 +30,18 @@ def test_family_contract(family, tmp_path):
     folder = tmp_path / "model"
     case.make().pipeline.save_pretrained(str(folder))
     check_family_contract(family, folder, case.options, tmp_path)
+
+
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_per_prompt_encodings_concatenate_to_the_batchs(family):
+    """A family that declares ``per_prompt_encoding`` lets the session encode each prompt alone
+    and concatenate the encodings (and cache them): that must equal encoding the batch."""
+    adapter = CASES[family].make()
+    if not adapter.per_prompt_encoding:
+        pytest.skip(f"{family} encodes a batch at once (per_prompt_encoding is False)")
+    prompts = ["a photo of a cat", "two dogs playing in the snow at night"]
+    together = adapter.encode(prompts)
+    apart = pipelines.Cond.cat([adapter.encode([p]) for p in prompts])
+    assert together.tensors.keys() == apart.tensors.keys()
+    for k, v in together.tensors.items():
+        torch.testing.assert_close(apart.tensors[k], v, rtol=0, atol=1e-6)
