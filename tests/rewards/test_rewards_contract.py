@@ -29,8 +29,9 @@ from reward_models.ocr import render_text
 
 WORDS = ["OPEN", "EXIT", "SALE", "MENU"]
 PROMPTS = [f'the digit {d} on a sign that says "{w}"' for d, w in zip((3, 1, 4, 1), WORDS)]
-METADATA = [
-    {"group": g, "boxes": [[0, 0, 0.5, 0.5], [0.25, 0.25, 1, 1]]} for g in ("a", "a", "b", "b")
+METADATA = [  # "direction": which way the video reward's digits should move
+    {"group": g, "boxes": [[0, 0, 0.5, 0.5], [0.25, 0.25, 1, 1]], "direction": d}
+    for g, d in zip(("a", "a", "b", "b"), ("right", "left", "down", "up"))
 ]
 PERM = [2, 0, 3, 1]  # mixes the groups: metadata travels with its sample
 
@@ -96,6 +97,7 @@ CASES = {
     "remote": ("image", lambda: reward_models.get("remote", url=served_clip_url(), retries=0)),
     "clap": ("audio", lambda: reward_models.get("clap", model=tiny_clap_dir(), device="cpu")),
     "digit": ("image", get("digit")),
+    "digit_motion": ("video", get("digit_motion")),
     "jpeg_compressibility": ("image", get("jpeg_compressibility")),
     "jpeg_incompressibility": ("image", get("jpeg_incompressibility")),
     "wer": ("audio", speech("wer", "pocketsphinx")),
@@ -115,6 +117,14 @@ def inputs(kind: str) -> Media:
                  enumerate((110.0, 330.0, 550.0, 990.0))]
         return Media("audio", torch.stack(tones)[:, None], sample_rate=16000)
     gen = torch.Generator().manual_seed(0)
+    if kind == "video":  # the prompts' digits crossing a 16x16 frame, one direction each
+        from reward_models.digits import load_digit_split, moving_digits
+
+        grids, labels, _, _ = load_digit_split()
+        first = [int(torch.nonzero(labels == d)[0]) for d in (3, 1, 4, 1)]
+        video = moving_digits(grids[first], [m["direction"] for m in METADATA])
+        noisy = (video + 0.05 * torch.randn(video.shape, generator=gen)).clamp(0, 1)
+        return Media("video", (noisy * 255).round() / 255)
     signs = torch.stack([render_text(w, (64, 32), font_size=16) for w in WORDS])
     noisy = (signs + 0.05 * torch.randn(signs.shape, generator=gen)).clamp(0, 1)
     return Media("image", (noisy * 255).round() / 255)  # 8-bit exact: PNG transport is lossless
