@@ -148,9 +148,9 @@ class RewardConfig:
 
 @dataclass
 class DataConfig:
-    prompts: str = _help("training prompts: a built-in set ('digits'; 'tts_hard', hard texts "
-                         "for speech) or a .txt (one per line) / .jsonl ({prompt, ...metadata}) "
-                         "file", default="digits")
+    prompts: str = _help("training prompts: a built-in set ('digits'; 'digits_video'; "
+                         "'tts_hard', hard texts for speech) or a .txt (one per line) / .jsonl "
+                         "({prompt, ...metadata}) file", default="digits")
     eval_prompts: str = _help("eval prompts, same forms ('': the training prompts)", default="")
     eval_images_per_prompt: int = _help("eval images per prompt, each with a fixed seed",
                                         default=4)

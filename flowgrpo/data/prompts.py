@@ -1,6 +1,7 @@
 """Prompt sets and the per-epoch prompt sampler.
 
-A prompt set is a list of ``(prompt, metadata)``: built-in by name (``digits``; ``tts_hard``,
+A prompt set is a list of ``(prompt, metadata)``: built-in by name (``digits``;
+``digits_video``, the video toy's 40 captions; ``tts_hard``,
 see :mod:`flowgrpo.data.tts_prompts`) or read from a
 ``.txt`` file (one prompt per line) or a ``.jsonl`` file (``{"prompt": ..., <metadata>}`` per
 line; the metadata reaches the reward, e.g. ``"text"`` for OCR or ``"boxes"`` for regions).
@@ -21,7 +22,7 @@ import torch
 from flowgrpo.data.files import read_utf8, shipped_file
 from flowgrpo.data.tts_prompts import hard_prompts
 from flowgrpo.errors import ConfigError
-from pipelines.toy import digit_prompt
+from pipelines.toy import VIDEO_DIRECTIONS, digit_prompt, digit_video_prompt
 
 Prompt = tuple[str, dict]
 PATH_KEYS = ("image", "mask", "speaker_wav", "reference_wav")
@@ -30,6 +31,9 @@ PATH_KEYS = ("image", "mask", "speaker_wav", "reference_wav")
 
 BUILTIN = {
     "digits": lambda: [(digit_prompt(d), {"digit": d}) for d in range(10)],
+    # the video toy: every digit in every direction ("a handwritten digit 7 moving left")
+    "digits_video": lambda: [(digit_video_prompt(d, n), {"digit": d, "direction": n})
+                             for n in VIDEO_DIRECTIONS for d in range(10)],
     # hard texts for speech models (numbers, dates, rare words, tongue twisters, long
     # sentences); metadata "text" is the spoken form an ASR reward compares against
     "tts_hard": lambda: hard_prompts(100, seed=0),

@@ -26,7 +26,7 @@ HUB_PROBE_SECONDS = 3.0
 
 
 def resolve_path(path: str) -> str:
-    """A shipped toy name (``digits``, ``digit_edits``, ``digits_discrete``,
+    """A shipped toy name (``digits``, ``digit_edits``, ``digits_video``, ``digits_discrete``,
     ``digits_discrete_uniform``, ``digits_discrete_metric``: :data:`pipelines.toy.TOY_NAMES`)
     -> its folder; ``~/...`` -> the home folder's; anything else unchanged."""
     from pipelines.toy import TOY_NAMES

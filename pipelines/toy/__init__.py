@@ -21,6 +21,10 @@ loads with a plain ``from_pretrained``. Its ``max_sequence_length`` only sets ho
 zero tokens join the text sequence; the model was trained with 1 to 256 of them, and the short
 default below keeps each transformer call cheap.
 
+The video toy (``DIGITS_VIDEO_MODEL``, family ``wan``) is a ``WanPipeline`` of the same digits
+crossing a 16x16 frame in 5 frames, in the direction its caption asks
+(:func:`digit_video_prompt`; ``scripts/make_digits_video_model.py``).
+
 The discrete toy (``DIGITS_DISCRETE_MODELS``, family ``digits_discrete``) models the same digits
 as 8x8 tokens of intensity 0..16, one folder per token path (masked, uniform, metric).
 """
@@ -36,6 +40,11 @@ DIGIT_EDITS_MODEL = str((Path(__file__).parent / "digit-edits-kontext").resolve(
 """The shipped toy editing model (a ``FluxKontextPipeline`` folder, made by
 ``scripts/make_digit_edit_model.py``): it rewrites the right-hand digit of a 16x32 image."""
 
+DIGITS_VIDEO_MODEL = str((Path(__file__).parent / "digits-video-wan").resolve())
+"""The shipped toy video model (a ``WanPipeline`` folder, made by
+``scripts/make_digits_video_model.py``): 5 frames of 16x16, a digit moving right, left, down or
+up, latents ``[4, 3, 8, 8]``."""
+
 DIGITS_DISCRETE_MODELS = {
     kind: str((Path(__file__).parent / f"digits-discrete-{kind}").resolve())
     for kind in ("masked", "uniform", "metric")
@@ -46,6 +55,7 @@ DIGITS_DISCRETE_MODELS = {
 TOY_NAMES = {
     "digits": DIGITS_MODEL,
     "digit_edits": DIGIT_EDITS_MODEL,
+    "digits_video": DIGITS_VIDEO_MODEL,
     "digits_discrete": DIGITS_DISCRETE_MODELS["masked"],
     "digits_discrete_masked": DIGITS_DISCRETE_MODELS["masked"],
     "digits_discrete_uniform": DIGITS_DISCRETE_MODELS["uniform"],
@@ -67,6 +77,22 @@ MAX_SEQUENCE_LENGTH = 8
 """T5 length to pass as ``max_sequence_length`` (the pipeline's default 256 works but is slow)."""
 
 
+VIDEO_SIZE = 16
+"""Frame side in pixels of the video toy."""
+
+VIDEO_FRAMES = 5
+"""Frames per clip of the video toy (``2k + 1``: its VAE keeps the first frame, then pairs)."""
+
+VIDEO_NUM_STEPS = 10
+"""Euler steps the video toy's base reward was measured with."""
+
+VIDEO_MAX_SEQUENCE_LENGTH = 16
+"""UMT5 tokens of the video toy's captions (the pipeline's default 512 works but is slow)."""
+
+VIDEO_DIRECTIONS = ("right", "left", "down", "up")
+"""The directions the video toy's captions name."""
+
+
 def digit_prompt(d: int) -> str:
     """The prompt the toy was trained on for digit ``d`` (0-9): ``"a handwritten digit 7"``."""
     if not 0 <= int(d) <= 9:
@@ -74,14 +100,29 @@ def digit_prompt(d: int) -> str:
     return f"a handwritten digit {int(d)}"
 
 
+def digit_video_prompt(d: int, direction: str) -> str:
+    """The video toy's caption: ``"a handwritten digit 7 moving left"``."""
+    if direction not in VIDEO_DIRECTIONS:
+        raise ValueError(f"direction must be one of {', '.join(VIDEO_DIRECTIONS)}, got "
+                         f"{direction!r}")
+    return f"{digit_prompt(d)} moving {direction}"
+
+
 __all__ = [
     "DIGITS_MODEL",
     "DIGITS_DISCRETE_MODELS",
+    "DIGITS_VIDEO_MODEL",
     "DIGIT_EDITS_MODEL",
     "GUIDANCE",
     "MAX_SEQUENCE_LENGTH",
     "NUM_STEPS",
     "RESOLUTION",
     "TOY_NAMES",
+    "VIDEO_DIRECTIONS",
+    "VIDEO_FRAMES",
+    "VIDEO_MAX_SEQUENCE_LENGTH",
+    "VIDEO_NUM_STEPS",
+    "VIDEO_SIZE",
     "digit_prompt",
+    "digit_video_prompt",
 ]
