@@ -27,10 +27,7 @@ the ``digit`` reward so that GRPO has room to raise it.
 
 from __future__ import annotations
 
-import argparse
-import shutil
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,6 +45,11 @@ from pipelines.toy import (  # noqa: E402 (after the path fix-up above)
     digit_prompt,
 )
 from reward_models.digits import digits_to_images, load_digit_split  # noqa: E402
+from scripts.toy_build import (  # noqa: E402
+    deterministic_and_quiet,
+    toy_arguments,
+    train_and_save,
+)
 
 if TYPE_CHECKING:
     from diffusers import StableDiffusion3Pipeline
@@ -272,16 +274,8 @@ def make_digits_model(
     Deterministic algorithms are switched on for the duration (the backward of indexing the
     prompt embeddings accumulates in a thread-dependent order otherwise).
     """
-    from diffusers.utils import logging
-
-    deterministic, verbosity = torch.are_deterministic_algorithms_enabled(), logging.get_verbosity()
-    torch.use_deterministic_algorithms(True)
-    logging.set_verbosity_error()  # short T5 lengths truncate prompts: intended, not news
-    try:
+    with deterministic_and_quiet():
         return _make_digits_model(vae_steps, flow_steps, seed, eval_every)
-    finally:
-        torch.use_deterministic_algorithms(deterministic)
-        logging.set_verbosity(verbosity)
 
 
 def _make_digits_model(
@@ -301,25 +295,8 @@ def _make_digits_model(
 
 def main() -> None:
     """Train, save the folder (replacing an old one), and report the base reward."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vae-steps", type=int, default=VAE_STEPS)
-    parser.add_argument("--flow-steps", type=int, default=FLOW_STEPS)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-every", type=int, default=0, help="print rewards while training")
-    parser.add_argument("--out", type=Path, default=Path(DIGITS_MODEL))
-    parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads; the weights differ in the last bits between counts")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-
-    start = time.perf_counter()
-    pipe = make_digits_model(args.vae_steps, args.flow_steps, args.seed, args.eval_every)
-    seconds = time.perf_counter() - start
-    if args.out.exists():
-        shutil.rmtree(args.out)
-    pipe.save_pretrained(args.out, safe_serialization=True)
-    size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
-    print(f"trained in {seconds:.0f} s; wrote {args.out} ({size / 1e6:.2f} MB)")
+    args = toy_arguments(__doc__, DIGITS_MODEL, VAE_STEPS, FLOW_STEPS)
+    pipe = train_and_save(make_digits_model, args)
     print(f"base digit reward (digits 0-9 x seeds {EVAL_SEEDS[0]}-{EVAL_SEEDS[-1]}), "
           f"{RESOLUTION}x{RESOLUTION}, {NUM_STEPS} Euler steps, scheduler shift {SHIFT}:")
     for guidance in sorted({1.0, GUIDANCE, 3.0}):

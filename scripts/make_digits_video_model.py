@@ -31,10 +31,7 @@ CFG 3), which gives GRPO room to raise it.
 
 from __future__ import annotations
 
-import argparse
-import shutil
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,6 +49,11 @@ from pipelines.toy import (  # noqa: E402 (after the path fix-up above)
     digit_video_prompt,
 )
 from reward_models.digits import DIRECTIONS, load_digit_split, moving_digits  # noqa: E402
+from scripts.toy_build import (  # noqa: E402
+    deterministic_and_quiet,
+    toy_arguments,
+    train_and_save,
+)
 
 if TYPE_CHECKING:
     from diffusers import WanPipeline
@@ -245,12 +247,7 @@ def evaluate(pipe: WanPipeline, guidance: float = 1.0) -> dict[str, float]:
 def make_digits_video_model(vae_steps: int = VAE_STEPS, flow_steps: int = FLOW_STEPS,
                             seed: int = 0, eval_every: int = 0) -> WanPipeline:
     """Build and train the toy pipeline; deterministic on CPU for a given ``seed``."""
-    from diffusers.utils import logging
-
-    deterministic, verbosity = torch.are_deterministic_algorithms_enabled(), logging.get_verbosity()
-    torch.use_deterministic_algorithms(True)
-    logging.set_verbosity_error()
-    try:
+    with deterministic_and_quiet():
         gen = torch.Generator().manual_seed(seed)
         pipe = build_pipeline(seed)
         pipe.set_progress_bar_config(disable=True)
@@ -260,32 +257,12 @@ def make_digits_video_model(vae_steps: int = VAE_STEPS, flow_steps: int = FLOW_S
         train_flow(pipe, latents_of(pipe.vae, video), labels, directions, flow_steps, gen,
                    eval_every)
         return pipe
-    finally:
-        torch.use_deterministic_algorithms(deterministic)
-        logging.set_verbosity(verbosity)
 
 
 def main() -> None:
     """Train, save the folder (replacing an old one), and report the base reward."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vae-steps", type=int, default=VAE_STEPS)
-    parser.add_argument("--flow-steps", type=int, default=FLOW_STEPS)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-every", type=int, default=0, help="print rewards while training")
-    parser.add_argument("--out", type=Path, default=Path(DIGITS_VIDEO_MODEL))
-    parser.add_argument("--threads", type=int, default=2,
-                        help="CPU threads; the weights differ in the last bits between counts")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-
-    start = time.perf_counter()
-    pipe = make_digits_video_model(args.vae_steps, args.flow_steps, args.seed, args.eval_every)
-    seconds = time.perf_counter() - start
-    if args.out.exists():
-        shutil.rmtree(args.out)
-    pipe.save_pretrained(args.out, safe_serialization=True)
-    size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
-    print(f"trained in {seconds:.0f} s; wrote {args.out} ({size / 1e6:.2f} MB)")
+    args = toy_arguments(__doc__, DIGITS_VIDEO_MODEL, VAE_STEPS, FLOW_STEPS, threads=2)
+    pipe = train_and_save(make_digits_video_model, args)
     print(f"base reward ({VIDEO_FRAMES} frames of {VIDEO_SIZE}x{VIDEO_SIZE}, {VIDEO_NUM_STEPS} "
           f"Euler steps, seeds {EVAL_SEEDS}):")
     for guidance in (1.0, 3.0):
